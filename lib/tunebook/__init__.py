@@ -1,0 +1,10 @@
+"""tunebook: a Jupyter tuning workbook for vLLM. Measure, don't guess.
+
+Only `tunebook.engine` imports vllm; everything else is pure Python so that it can be tested and
+imported on machines without an engine.
+"""
+
+from .errors import ConfigError, EngineFailure, TunebookError
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "EngineFailure", "TunebookError", "__version__"]

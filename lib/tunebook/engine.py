@@ -1,0 +1,680 @@
+"""The only module that imports vllm: start an engine, warm it up, run a workload, collect, shut down.
+
+A *point* is a plain dict, the unit of work of every sweep::
+
+    {"point_id": "bs32-r0", "model": "...", "settings": {...EngineArgs...},
+     "workload": {...workload spec...}, "mode": "offline" | "online",
+     "sampling": {"temperature": 0.0}, "repeats": 1, "warmup_requests": 4,
+     "max_concurrency": None, "slo": {"ttft_ms": 500}}
+
+``run_point(point)`` returns a result dict (``status`` ok or failed, metrics, per-request
+timings, capacity, environment fingerprint). With ``isolate=True`` (the default) the engine runs
+in a child process in its own session: an out-of-memory, crash or kill of one configuration is
+recorded as that point's failure and cannot take the sweep down, and the whole process group is
+killed afterwards so no engine process outlives its point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from .errors import ConfigError, EngineFailure
+from .metrics import summarize
+from .model import load_shape, resolve_model_dir
+from .workloads import Workload, check_fits, make_workload
+
+# Counters whose change over a run we report (name in vLLM -> our name).
+COUNTERS = {
+    "vllm:num_preemptions": "num_preemptions",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prompt_tokens": "engine_prompt_tokens",
+    "vllm:generation_tokens": "engine_generation_tokens",
+}
+GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+# --------------------------------------------------------------------------- introspection
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def platform_name() -> str:
+    """'cuda', 'cpu', 'rocm', ... as vLLM's current platform reports it."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def engine_fields() -> dict[str, object]:
+    """EngineArgs field name -> type annotation, read from the installed vLLM (never hard-coded)."""
+    import dataclasses
+    import typing
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        hints = typing.get_type_hints(EngineArgs)
+    except Exception:  # forward references that do not resolve: fall back to raw annotations
+        hints = {}
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(EngineArgs)}
+
+
+def engine_defaults() -> dict[str, object]:
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    out = {}
+    for f in dataclasses.fields(EngineArgs):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+    return out
+
+
+# --------------------------------------------------------------------------- engine arguments
+def _has_weights(model_dir: Path) -> bool:
+    return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
+
+
+def _has_tokenizer(model_dir: Path) -> bool:
+    return (model_dir / "tokenizer.json").is_file() or (model_dir / "tokenizer.model").is_file()
+
+
+def engine_kwargs(point: dict) -> dict:
+    """The exact keyword arguments for ``LLM(...)`` / ``AsyncEngineArgs(...)`` of a point."""
+    model_dir = resolve_model_dir(point["model"])
+    kw: dict = {"model": str(model_dir)}
+    if not _has_weights(model_dir):
+        kw["load_format"] = "dummy"  # config-only folder: random weights of the right shape
+    if not _has_tokenizer(model_dir):
+        kw["skip_tokenizer_init"] = True
+    kw["seed"] = point.get("seed", 0)
+    kw["trust_remote_code"] = bool(point.get("trust_remote_code", False))
+    kw.update(point.get("settings") or {})
+    # Per-request timings and get_metrics() need stats on; the harness benchmark turns them off.
+    kw.setdefault("disable_log_stats", False)
+    return kw
+
+
+def sampling_kwargs(point: dict) -> dict:
+    s = {"temperature": 0.0, **(point.get("sampling") or {})}
+    s.setdefault("ignore_eos", True)  # fixed output lengths make configurations comparable
+    return s
+
+
+def sampler_name(sampling: dict) -> str:
+    greedy = not sampling.get("temperature")
+    topx = sampling.get("top_p", 1.0) < 1.0 or sampling.get("top_k", 0) > 0
+    if greedy:
+        impl = "greedy"
+    elif topx:
+        impl = (
+            "flashinfer"
+            if os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "1") != "0"
+            and platform_name() == "cuda"
+            else "pytorch"
+        )
+        impl = f"top-p/top-k ({impl})"
+    else:
+        impl = "random"
+    return impl
+
+
+# --------------------------------------------------------------------------- metrics sampling
+def metrics_snapshot() -> dict[str, float]:
+    """Counters and gauges of the in-process engine, summed over label sets."""
+    from vllm.v1.metrics.reader import Counter, Gauge, get_metrics_snapshot
+
+    out: dict[str, float] = {}
+    for m in get_metrics_snapshot():
+        if isinstance(m, Counter | Gauge) and (m.name in COUNTERS or m.name in GAUGES):
+            out[m.name] = out.get(m.name, 0.0) + float(m.value)
+    return out
+
+
+class MetricsSampler(threading.Thread):
+    """Polls the engine's gauges while a workload runs: peak KV usage, queue depths, a timeline.
+
+    An optional ``on_sample`` callback receives each sample (the live view in Jupyter uses it).
+    """
+
+    def __init__(self, interval_s: float = 0.25, on_sample=None):
+        super().__init__(daemon=True)
+        self.interval_s, self.on_sample = interval_s, on_sample
+        self.samples: list[dict] = []
+        self._stop_event = threading.Event()
+        self._t0 = time.perf_counter()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        try:
+            snap = metrics_snapshot()
+        except Exception:
+            return
+        s = {"t_s": time.perf_counter() - self._t0, **snap}
+        self.samples.append(s)
+        if self.on_sample:
+            self.on_sample(s)
+
+    def stop(self) -> dict:
+        self._stop_event.set()
+        self.join(timeout=5)
+        self.sample()
+        peak = lambda k: max((s.get(k, 0.0) for s in self.samples), default=0.0)  # noqa: E731
+        return {
+            "kv_cache_usage_peak_pct": 100.0 * peak("vllm:kv_cache_usage_perc"),
+            "num_requests_running_peak": peak("vllm:num_requests_running"),
+            "num_requests_waiting_peak": peak("vllm:num_requests_waiting"),
+        }
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    return {ours: after.get(k, 0.0) - before.get(k, 0.0) for k, ours in COUNTERS.items()}
+
+
+# --------------------------------------------------------------------------- per-request timings
+def request_record(out, tag: str = "") -> dict:
+    """Timings of one finished request from its RequestOutput.metrics.
+
+    ``first_token_latency`` is measured by the frontend from the wall-clock arrival; the *_ts
+    fields are engine-monotonic. Differences are taken only within one clock.
+    """
+    m = out.metrics
+    n_out = len(out.outputs[0].token_ids)
+    rec = {
+        "request_id": out.request_id,
+        "tag": tag,
+        "prompt_tokens": len(out.prompt_token_ids or []),
+        "output_tokens": n_out,
+        "cached_tokens": out.num_cached_tokens or 0,
+    }
+    if m is None:
+        return rec
+    decode_s = max(m.last_token_ts - m.first_token_ts, 0.0)
+    rec.update(
+        ttft_ms=1e3 * m.first_token_latency,
+        queue_ms=1e3 * max(m.scheduled_ts - m.queued_ts, 0.0),
+        prefill_ms=1e3 * max(m.first_token_ts - m.scheduled_ts, 0.0),
+        decode_ms=1e3 * decode_s,
+        e2e_ms=1e3 * (m.first_token_latency + decode_s),
+        tpot_ms=1e3 * decode_s / (n_out - 1) if n_out > 1 else None,
+        num_preemptions=m.num_preemptions,
+    )
+    return rec
+
+
+# --------------------------------------------------------------------------- the engine
+class Engine:
+    """An in-process vLLM engine for one configuration (use ``run_point`` for isolation).
+
+    >>> with Engine(point) as eng:          # doctest: +SKIP
+    ...     result = eng.run(workload)
+    """
+
+    def __init__(self, point: dict, on_sample=None):
+        self.point = point
+        self.kwargs = engine_kwargs(point)
+        self.mode = point.get("mode", "offline")
+        if self.mode not in ("offline", "online"):
+            raise ConfigError(f"mode must be 'offline' or 'online', got {self.mode!r}", key="mode")
+        self.on_sample = on_sample
+        self.llm = None
+        self.async_llm = None
+        self._loop = None
+        self.start_s = None
+
+    # -- lifecycle
+    def start(self) -> Engine:
+        t0 = time.perf_counter()
+        if self.mode == "offline":
+            from vllm import LLM
+
+            self.llm = LLM(**self.kwargs)
+            self.vllm_config = self.llm.llm_engine.vllm_config
+        else:
+            import asyncio
+
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            # The engine's output handler lives on the loop it was created in: create and use
+            # the AsyncLLM on one private loop for its whole life.
+            self._loop = asyncio.new_event_loop()
+
+            async def make():
+                return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs))
+
+            self.async_llm = self._loop.run_until_complete(make())
+            self.vllm_config = self.async_llm.vllm_config
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def shutdown(self) -> None:
+        import gc
+
+        if self.async_llm is not None:
+            self.async_llm.shutdown()
+            self.async_llm = None
+        if self.llm is not None:
+            eng = getattr(self.llm, "llm_engine", None)
+            shut = getattr(getattr(eng, "engine_core", None), "shutdown", None)
+            if shut:
+                shut()
+            self.llm = None
+        if self._loop is not None:
+            import asyncio
+
+            pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
+            self._loop = None
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- facts about the running engine
+    def capacity(self) -> dict:
+        cc = self.vllm_config.cache_config
+        blocks = int(cc.num_gpu_blocks or 0)
+        return {
+            "num_gpu_blocks": blocks,
+            "block_size": int(cc.block_size),
+            "kv_capacity_tokens": blocks * int(cc.block_size),
+            "kv_cache_dtype": str(cc.cache_dtype),
+            "max_model_len": int(self.vllm_config.model_config.max_model_len),
+        }
+
+    def fingerprint(self) -> dict:
+        import platform as pyplatform
+
+        import torch
+
+        dev = platform_name()
+        fp = {
+            "vllm_version": vllm_version(),
+            "torch_version": torch.__version__,
+            "python": pyplatform.python_version(),
+            "platform": dev,
+            "host": pyplatform.node(),
+            "cpu_count": os.cpu_count(),
+            "seed": self.kwargs.get("seed"),
+            "sampler": sampler_name(sampling_kwargs(self.point)),
+            "load_format": self.kwargs.get("load_format", "auto"),
+            "engine_multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0",
+            "settings": self.point.get("settings") or {},
+        }
+        comp = self.vllm_config.compilation_config
+        fp["cudagraph_capture_sizes"] = list(getattr(comp, "cudagraph_capture_sizes", []) or [])
+        fp["enforce_eager"] = bool(self.vllm_config.model_config.enforce_eager)
+        if dev == "cuda":
+            fp["device"] = torch.cuda.get_device_name(0)
+            fp["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+            fp["attention_backend"] = None  # filled from the engine log by run_point
+        else:
+            fp["device"] = pyplatform.processor() or pyplatform.machine()
+            fp["attention_backend"] = "CPU_ATTN"
+        return fp
+
+    def device_memory(self) -> dict:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                free, total = torch.cuda.mem_get_info()
+                return {
+                    "device_memory_used_gib": (total - free) / 2**30,
+                    "device_memory_total_gib": total / 2**30,
+                }
+        except Exception:
+            pass
+        return {}
+
+    # -- running work
+    def _prompts(self, workload: Workload):
+        from vllm.inputs import TokensPrompt
+
+        return [
+            TokensPrompt(prompt_token_ids=r.prompt_token_ids)
+            if r.prompt_token_ids is not None
+            else r.prompt
+            for r in workload.requests
+        ]
+
+    def _params(self, workload: Workload, **extra):
+        from vllm import SamplingParams
+
+        base = sampling_kwargs(self.point)
+        return [SamplingParams(**{**base, "max_tokens": r.max_tokens, **extra}) for r in workload.requests]
+
+    def warmup(self, n: int = 4) -> None:
+        """A few short requests so that compilation, graph capture and allocators are off the clock."""
+        if n <= 0:
+            return
+        vocab = load_shape(self.kwargs["model"]).vocab_size
+        wl = make_workload(
+            {"kind": "fixed", "num_requests": n, "prompt_len": 16, "output_len": 4, "seed": 999},
+            vocab_size=vocab,
+        )
+        self.run(wl, record=False)
+
+    def run(self, workload: Workload, record: bool = True) -> dict:
+        """Run a workload once; return per-request records, summary metrics and counter deltas."""
+        before = metrics_snapshot()
+        sampler = MetricsSampler(on_sample=self.on_sample)
+        sampler.start()
+        t0 = time.perf_counter()
+        try:
+            if self.mode == "offline":
+                outs = self.llm.generate(
+                    self._prompts(workload), self._params(workload), use_tqdm=False
+                )
+                recs = [request_record(o, r.tag) for o, r in zip(outs, workload.requests)]
+            else:
+                recs = self._loop.run_until_complete(self._run_online(workload))
+        finally:
+            dur = time.perf_counter() - t0
+            peaks = sampler.stop()
+        if not record:
+            return {}
+        after = metrics_snapshot()
+        metrics = summarize(recs, dur, self.point.get("slo"))
+        metrics.update(peaks)
+        metrics.update(counter_delta(before, after))
+        q = metrics.get("prefix_cache_queries") or 0
+        metrics["prefix_cache_hit_rate_pct"] = 100.0 * metrics["prefix_cache_hits"] / q if q else 0.0
+        return {"metrics": metrics, "requests": recs, "timeline": sampler.samples}
+
+    async def _run_online(self, workload: Workload) -> list[dict]:
+        """Requests arrive at their offsets (Poisson) and/or under a concurrency cap; stream deltas."""
+        import asyncio
+
+        from vllm.sampling_params import RequestOutputKind
+
+        prompts = self._prompts(workload)
+        params = self._params(workload, output_kind=RequestOutputKind.DELTA)
+        cap = self.point.get("max_concurrency")
+        sem = asyncio.Semaphore(cap) if cap else None
+        t_start = time.perf_counter()
+        tag = f"{os.getpid()}-{time.monotonic_ns()}"
+
+        async def one(i: int) -> dict:
+            r = workload.requests[i]
+            await asyncio.sleep(max(0.0, t_start + r.arrival_s - time.perf_counter()))
+            if sem:
+                await sem.acquire()
+            try:
+                sent = time.perf_counter()
+                stamps, final, n_tok = [], None, 0
+                async for out in self.async_llm.generate(prompts[i], params[i], f"{tag}-{i}"):
+                    now = time.perf_counter()
+                    k = len(out.outputs[0].token_ids)
+                    if k:
+                        stamps.append(now)
+                        n_tok += k
+                    final = out
+            finally:
+                if sem:
+                    sem.release()
+            rec = request_record(final, r.tag)
+            # Client-side view, as a user of `vllm serve` sees it (benchmark_serving does the same).
+            rec["output_tokens"] = n_tok
+            rec["prompt_tokens"] = r.prompt_len if r.prompt_len >= 0 else rec["prompt_tokens"]
+            if stamps:
+                rec["ttft_ms"] = 1e3 * (stamps[0] - sent)
+                rec["e2e_ms"] = 1e3 * (stamps[-1] - sent)
+                rec["itl_ms"] = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
+                rec["tpot_ms"] = (
+                    1e3 * (stamps[-1] - stamps[0]) / (n_tok - 1) if n_tok > 1 else None
+                )
+            return rec
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+
+# --------------------------------------------------------------------------- one point
+def prepare(point: dict) -> tuple[dict, Workload]:
+    """Validate a point and build its workload: every error here comes before any engine starts."""
+    from .knobs import validate_settings
+
+    point = dict(point)
+    point.setdefault("settings", {})
+    validate_settings(point["settings"])
+    shape = load_shape(point["model"])
+    wl = make_workload(point["workload"], vocab_size=shape.vocab_size)
+    mml = point["settings"].get("max_model_len") or shape.max_position_embeddings
+    check_fits(wl, int(mml))
+    return point, wl
+
+
+def execute(point: dict, on_sample=None, shutdown: bool = True) -> dict:
+    """Run a point in this process: start, warm up, repeat the workload, collect, shut down.
+
+    ``shutdown=False`` is for the isolated child, which exits (and is killed as a group) instead:
+    a result must never be lost to a shutdown that hangs.
+    """
+    point, wl = prepare(point)
+    result: dict = _skeleton(point, wl)
+    eng = Engine(point, on_sample=on_sample)
+    try:
+        eng.start()
+        result["engine_start_s"] = eng.start_s
+        result["capacity"] = eng.capacity()
+        result["env"] = eng.fingerprint()
+        eng.warmup(int(point.get("warmup_requests", 4)))
+        runs = [eng.run(wl) for _ in range(int(point.get("repeats", 1)))]
+        result["memory"] = eng.device_memory()
+        # The last repeat is the point's figure; all repeats' headline metrics are kept.
+        result["metrics"] = runs[-1]["metrics"]
+        result["repeat_metrics"] = [r["metrics"] for r in runs]
+        result["requests"] = runs[-1]["requests"]
+        result["timeline"] = runs[-1]["timeline"]
+        result["status"] = "ok"
+    finally:
+        if shutdown:
+            eng.shutdown()
+    return result
+
+
+def _skeleton(point: dict, wl: Workload | None) -> dict:
+    return {
+        "point_id": point.get("point_id"),
+        "config": point.get("config"),
+        "repeat": point.get("repeat"),
+        "mode": point.get("mode", "offline"),
+        "model": str(point.get("model")),
+        "settings": point.get("settings") or {},
+        "sampling": sampling_kwargs(point),
+        "workload": {**(point.get("workload") or {}), **(wl.summary() if wl else {})},
+        "status": "failed",
+        "error": None,
+    }
+
+
+_LOG_PATTERNS = {
+    "attention_backend": re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) backend"),
+    "engine_kv_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
+    "available_kv_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
+    "model_load_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
+}
+_REASON = re.compile(
+    r"(\w*(?:Error|Exception)\b: .+|.*out of memory.*|.*No available memory.*|.*larger than the available KV.*)",
+    re.I,
+)
+
+
+def parse_log(text: str) -> dict:
+    """Facts vLLM only logs: attention backend, KV tokens, memory figures."""
+    found: dict = {}
+    for key, pat in _LOG_PATTERNS.items():
+        m = pat.search(text)
+        if m:
+            v = m.group(1).replace(",", "")
+            found[key] = v if key == "attention_backend" else float(v)
+    if "engine_kv_tokens" in found:
+        found["engine_kv_tokens"] = int(found["engine_kv_tokens"])
+    return found
+
+
+def failure_reason(log_text: str) -> str | None:
+    """The root cause from the engine log (the exception itself often says only 'initialization failed')."""
+    hits = [m.group(1).strip() for m in _REASON.finditer(log_text)]
+    hits = [h for h in hits if "Engine core initialization failed" not in h]
+    return hits[-1][:2000] if hits else None
+
+
+def run_point(
+    point: dict,
+    isolate: bool = True,
+    timeout_s: float | None = 3600,
+    log_path: str | Path | None = None,
+    progress_path: str | Path | None = None,
+) -> dict:
+    """Run one point and always return a result dict; a failure is a result with its error.
+
+    Validation errors (bad settings, workloads that cannot fit) are raised: they are the user's
+    input to fix, found before any engine starts.
+    """
+    prepare(point)  # raises ConfigError early, in the caller's process
+    if not isolate:
+        try:
+            return execute(point)
+        except Exception as e:
+            res = _skeleton(point, None)
+            res["error"] = f"{type(e).__name__}: {e}"
+            return res
+
+    with tempfile.TemporaryDirectory(prefix="tunebook-point-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "point.json").write_text(json.dumps(point))
+        log_path = Path(log_path) if log_path else tmp / "engine.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cmd = [sys.executable, "-m", "tunebook.engine", str(tmp / "point.json"), str(tmp / "result.json")]
+        if progress_path:
+            cmd.append(str(progress_path))
+        t0 = time.perf_counter()
+        with open(log_path, "w") as log:
+            # A new session: the engine and every process it spawns form one group we can kill.
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                rc, timed_out = None, True
+            except BaseException:  # KeyboardInterrupt: never leave the engine behind
+                kill_group(proc)
+                raise
+            finally:
+                kill_group(proc)
+        log_text = log_path.read_text(errors="replace")
+        res_file = tmp / "result.json"
+        if res_file.is_file():
+            result = json.loads(res_file.read_text())
+        else:
+            result = _skeleton(point, None)
+            if timed_out:
+                result["error"] = f"timed out after {timeout_s} s"
+            else:
+                how = f"killed by signal {-proc.returncode}" if proc.returncode and proc.returncode < 0 else f"exit code {rc}"
+                result["error"] = f"engine process died ({how}) before writing a result"
+            reason = failure_reason(log_text)
+            if reason:
+                result["error"] += f"; log: {reason}"
+        if result.get("status") != "ok" and result.get("error") and "Engine core initialization failed" in result["error"]:
+            reason = failure_reason(log_text)
+            if reason:
+                result["error"] = reason
+        facts = parse_log(log_text)
+        env_fp = result.setdefault("env", {})
+        if facts.get("attention_backend") and not env_fp.get("attention_backend"):
+            env_fp["attention_backend"] = facts["attention_backend"]
+        result.setdefault("capacity", {}).update(
+            {k: v for k, v in facts.items() if k != "attention_backend"}
+        )
+        result["wall_s"] = time.perf_counter() - t0
+        result["log_file"] = str(log_path)
+        return result
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's whole process group (EngineCore workers included) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _child_main(argv: list[str]) -> int:
+    point = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    progress = Path(argv[2]) if len(argv) > 2 else None
+
+    def on_sample(s: dict) -> None:
+        with open(progress, "a") as f:
+            f.write(json.dumps(s) + "\n")
+
+    try:
+        result = execute(point, on_sample=on_sample if progress else None, shutdown=False)
+    except Exception as e:
+        result = _skeleton(point, None)
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()[-4000:]
+    from .results import _jsonable
+
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_jsonable(result)))
+    os.replace(tmp, out)
+    # vLLM's shutdown can hang on leftover threads; the parent kills our group anyway.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))
+
+
+__all__ = [
+    "Engine",
+    "EngineFailure",
+    "engine_fields",
+    "engine_kwargs",
+    "execute",
+    "platform_name",
+    "run_point",
+    "vllm_version",
+]

@@ -1,0 +1,20 @@
+"""tunebook's errors: each says what was wrong, where, and what would be valid."""
+
+from __future__ import annotations
+
+
+class TunebookError(Exception):
+    """Base class for errors raised before or around an engine."""
+
+
+class ConfigError(TunebookError, ValueError):
+    """Bad input: a setting, parameter file, model or workload. Raised before any engine starts."""
+
+    def __init__(self, message: str, *, key: str | None = None, source: str | None = None):
+        self.key, self.source = key, source
+        prefix = f"{source}: " if source else ""
+        super().__init__(prefix + message)
+
+
+class EngineFailure(TunebookError, RuntimeError):
+    """An engine could not start or died during a point; carries vLLM's reason."""

@@ -1,0 +1,138 @@
+"""Run folders: one JSON per sweep point plus a summary CSV, written atomically, resumable.
+
+Layout (like vLLM's own sweep output)::
+
+    runs/<run-id>/
+        <notebook>/<sweep>/<point-id>.json   # settings, workload, metrics, env, status, error
+        <notebook>/<sweep>/summary.csv       # one row per point, flat metric columns
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from .errors import ConfigError
+
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """Reject names that could escape the run folder or be awkward as file names."""
+    if not isinstance(name, str) or not _SAFE.match(name) or ".." in name:
+        raise ConfigError(
+            f"{what} {name!r} must be letters, digits, '.', '_' or '-', not starting with '.'",
+            key=what,
+        )
+    return name
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, then rename: a kill leaves old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(x):
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return x.item()
+    if isinstance(x, str | int | float | bool) or x is None:
+        return x
+    return str(x)
+
+
+class SweepDir:
+    """One sweep's folder inside a run: point files, resume, and the summary CSV."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, point_id: str) -> Path:
+        return self.root / f"{safe_name(point_id, 'point id')}.json"
+
+    def write(self, point_id: str, result: dict) -> Path:
+        p = self.path(point_id)
+        atomic_write_text(p, json.dumps(_jsonable(result), indent=2, sort_keys=True) + "\n")
+        return p
+
+    def read(self, point_id: str) -> dict | None:
+        p = self.path(point_id)
+        if not p.is_file():
+            return None
+        try:
+            return json.loads(p.read_text())
+        except json.JSONDecodeError:
+            return None  # cannot happen with atomic writes, but a hand-edited file may be broken
+
+    def done(self, point_id: str) -> bool:
+        r = self.read(point_id)
+        return bool(r) and r.get("status") == "ok"
+
+    def points(self) -> list[dict]:
+        out = []
+        for p in sorted(self.root.glob("*.json")):
+            try:
+                out.append(json.loads(p.read_text()))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    def write_summary(self) -> Path:
+        rows = [flatten(p) for p in self.points()]
+        cols: list[str] = []
+        for r in rows:
+            cols += [k for k in r if k not in cols]
+        path = self.root / "summary.csv"
+        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+        os.replace(tmp, path)
+        return path
+
+
+def flatten(point: dict) -> dict:
+    """One CSV row: identity, settings (as vLLM names), scalar metrics, status and error."""
+    row = {
+        "point_id": point.get("point_id"),
+        "config": point.get("config"),
+        "repeat": point.get("repeat"),
+        "status": point.get("status"),
+    }
+    for k, v in (point.get("settings") or {}).items():
+        row[k] = json.dumps(v) if isinstance(v, dict | list) else v
+    row["workload"] = (point.get("workload") or {}).get("name")
+    for k, v in (point.get("metrics") or {}).items():
+        if not isinstance(v, dict | list):
+            row[k] = v
+    row["error"] = point.get("error")
+    return row
+
+
+def load_sweep(root: str | Path):
+    """The sweep's points as a pandas DataFrame (one row per point, as in summary.csv)."""
+    import pandas as pd
+
+    return pd.DataFrame([flatten(p) for p in SweepDir(root).points()])

