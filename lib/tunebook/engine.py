@@ -566,6 +566,7 @@ def run_point(
     """
     prepare(point)  # raises ConfigError early, in the caller's process
     if not isolate:
+        os.environ.update({k: str(v) for k, v in (point.get("env") or {}).items()})
         try:
             return execute(point)
         except Exception as e:
@@ -578,7 +579,7 @@ def run_point(
         (tmp / "point.json").write_text(json.dumps(point))
         log_path = Path(log_path) if log_path else tmp / "engine.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = {**os.environ, **{k: str(v) for k, v in (point.get("env") or {}).items()}}
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [sys.executable, "-m", "tunebook.engine", str(tmp / "point.json"), str(tmp / "result.json")]
         if progress_path:

@@ -1,0 +1,47 @@
+"""Command line: `python -m tunebook run [--profile cpu] [--run-id ID] [--notebook 01] [--resume]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tunebook", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the workbook headless (papermill) into runs/<run-id>/")
+    r.add_argument("--profile", help="params/<profile>.yaml or a path; default: detected (h200, gpu, cpu)")
+    r.add_argument("--run-id", help="run folder name under runs/ (default: <profile>-<timestamp>)")
+    r.add_argument("--notebook", action="append", help="run only this notebook (prefix ok, repeatable)")
+    r.add_argument("--resume", action="store_true", help="continue an existing run folder")
+    r.add_argument("--runs-dir", default=None, help="where run folders go (default: runs/)")
+    r.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    sub.add_parser("profiles", help="list the parameter profiles")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "profiles":
+            from .profiles import available_profiles
+
+            print("\n".join(available_profiles()))
+            return 0
+        from .runner import RUNS_DIR, run_workbook
+
+        run_dir = run_workbook(
+            profile=args.profile,
+            run_id=args.run_id,
+            notebooks=args.notebook,
+            resume=args.resume,
+            runs_dir=args.runs_dir or RUNS_DIR,
+            report=not args.no_report,
+        )
+        print(f"[tunebook] run folder: {run_dir}")
+        return 0
+    except ConfigError as e:
+        print(f"tunebook: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Sweeps: a list of independent points, run in order (interleaved repeats), written one by one.
+
+A sweep never stops on a failed point: the failure is written with its error and the next point
+runs. A rerun of the same folder skips points already done (resume). Points carry all they need
+(settings + workload in, one result file out), so an executor may run them anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .errors import ConfigError
+from .results import SweepDir, safe_name
+
+
+def point_id(config: str, repeat: int | None = None) -> str:
+    return safe_name(config if repeat is None else f"{config}-r{repeat}", "point id")
+
+
+def make_points(
+    base: dict,
+    configs: dict[str, dict],
+    repeats: int = 1,
+) -> list[dict]:
+    """Points for named configurations, repeats interleaved: A-r0 B-r0 A-r1 B-r1 ...
+
+    ``base`` holds what every point shares (model, workload, mode, sampling ...); each config's
+    dict is merged over it, with ``settings`` merged key by key. Each point is its own engine
+    start, so repeats also span engine instances (the dominant noise on a shared GPU).
+    """
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {repeats}", key="repeats")
+    points = []
+    for r, (name, cfg) in itertools.product(range(repeats), configs.items()):
+        p = copy.deepcopy(base)
+        cfg = copy.deepcopy(cfg)
+        p["settings"] = {**(p.get("settings") or {}), **cfg.pop("settings", {})}
+        p.update(cfg)
+        p["config"] = name
+        p["repeat"] = r
+        p["point_id"] = point_id(name, r)
+        points.append(p)
+    return points
+
+
+def grid(name: str, values: Iterable, key: str = "settings") -> dict[str, dict]:
+    """Configs varying one setting: grid("block_size", [32, 64]) -> {"block_size=32": {...}}."""
+    return {f"{name}={v}": {key: {name: v}} if key else {name: v} for v in values}
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="point")
+
+
+def run_sweep(
+    points: list[dict],
+    out_dir: str | Path,
+    isolate: bool = True,
+    progress: bool = True,
+    retry_failed: bool = True,
+    executor: str = "local",
+    timeout_s: float | None = 3600,
+    on_result: Callable[[dict], None] | None = None,
+    desc: str | None = None,
+):
+    """Run points, writing ``<point_id>.json`` as each finishes and ``summary.csv`` at the end.
+
+    Returns the sweep's DataFrame (every point in the folder, failed ones with their error).
+    ``executor="ray"`` hands the points to tunebook.ray_executor (optional extra).
+    """
+    from .engine import prepare
+
+    sweep = SweepDir(out_dir)
+    ids = [p["point_id"] for p in points]
+    dup = {i for i in ids if ids.count(i) > 1}
+    if dup:
+        raise ConfigError(f"duplicate point ids in sweep: {sorted(dup)}", key="point_id")
+    for p in points:
+        prepare(p)  # every bad setting or impossible workload is reported before any engine starts
+
+    def is_done(p: dict) -> bool:
+        prev = sweep.read(p["point_id"])
+        return bool(prev) and (prev.get("status") == "ok" or not retry_failed)
+
+    todo = [p for p in points if not is_done(p)]
+    bar = _progress(len(points), desc or Path(out_dir).name, progress)
+    if bar is not None:
+        bar.update(len(points) - len(todo))
+
+    def finish(result: dict) -> None:
+        sweep.write(result["point_id"], result)
+        if bar is not None:
+            bar.set_postfix_str(f"{result['point_id']}: {result.get('status')}")
+            bar.update(1)
+        if on_result:
+            on_result(result)
+
+    try:
+        if executor == "local":
+            from .engine import run_point
+
+            logs = sweep.root / "logs"
+            for p in todo:
+                finish(
+                    run_point(
+                        p,
+                        isolate=isolate,
+                        timeout_s=timeout_s,
+                        log_path=logs / f"{p['point_id']}.log",
+                    )
+                )
+        elif executor == "ray":
+            from .ray_executor import run_points_ray
+
+            run_points_ray(todo, finish, timeout_s=timeout_s)
+        else:
+            raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}", key="executor")
+    finally:
+        if bar is not None:
+            bar.close()
+        sweep.write_summary()
+    from .results import load_sweep
+
+    df = load_sweep(sweep.root)
+    return df[df["point_id"].isin(ids)].reset_index(drop=True) if len(df) else df
