@@ -212,7 +212,7 @@ def make_tiny_model(dest: str | Path, **overrides) -> Path:
         pad_token_id=0,
     )
     cfg.architectures = ["Ernie4_5ForCausalLM"]
-    cfg.torch_dtype = "bfloat16"
+    cfg.dtype = "bfloat16"
     cfg.save_pretrained(dest)
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -1,0 +1,69 @@
+"""What a notebook holds on to: its run folder, model and base engine settings, and its sweeps.
+
+    wb = Workbook(run_dir, "02_block_size_sweep", model, engine_settings, engine_env)
+    df = wb.sweep("block_size", grid("block_size", [32, 64]), workload={...}, repeats=3)
+
+Each sweep lands in ``<run_dir>/<notebook>/<sweep>/`` (one JSON per point + summary.csv) and
+resumes if the folder already holds finished points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .model import ModelShape, load_shape
+from .results import SweepDir, load_sweep, safe_name
+from .sweep import make_points, run_sweep
+
+
+@dataclass
+class Workbook:
+    run_dir: str
+    notebook: str
+    model: str
+    engine_settings: dict = field(default_factory=dict)
+    engine_env: dict = field(default_factory=dict)
+    isolate: bool = True
+    progress: bool = True
+    executor: str = "local"
+
+    def __post_init__(self):
+        self.root = Path(self.run_dir) / safe_name(self.notebook, "notebook")
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def shape(self) -> ModelShape:
+        return load_shape(self.model)
+
+    def sweep_dir(self, name: str) -> Path:
+        return self.root / safe_name(name, "sweep name")
+
+    def points(self, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra) -> list[dict]:
+        base = {
+            "model": self.model,
+            "settings": dict(self.engine_settings),
+            "env": dict(self.engine_env),
+            "workload": workload,
+            **extra,
+        }
+        return make_points(base, configs, repeats)
+
+    def sweep(self, name: str, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra):
+        """Run (or resume) a sweep and return its DataFrame; failed points are rows with an error."""
+        pts = self.points(configs, workload, repeats, **extra)
+        return run_sweep(
+            pts,
+            self.sweep_dir(name),
+            isolate=self.isolate,
+            progress=self.progress,
+            executor=self.executor,
+            desc=f"{self.notebook}/{name}",
+        )
+
+    def results(self, name: str) -> list[dict]:
+        """Full point results (with per-request records) of a finished sweep."""
+        return SweepDir(self.sweep_dir(name)).points()
+
+    def frame(self, name: str):
+        return load_sweep(self.sweep_dir(name))
