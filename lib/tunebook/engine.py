@@ -521,7 +521,10 @@ def _skeleton(point: dict, wl: Workload | None) -> dict:
 
 
 _LOG_PATTERNS = {
-    "attention_backend": re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) backend"),
+    # 0.32: "Using FLASH_ATTN backend."; 0.26: "Using FLASH_ATTN attention backend out of ..."
+    "attention_backend": re.compile(
+        r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) (?:attention )?backend"
+    ),
     "engine_kv_tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
     "available_kv_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
     "model_load_gib": re.compile(r"Model loading took ([\d.]+) GiB"),
