@@ -93,8 +93,11 @@ def run_workbook(
             atomic_write_text(state_path, json.dumps(state, indent=2))
         log(f"[tunebook] {name}: ok in {state['notebooks'][name]['seconds']:.0f} s")
     if report:
-        path = write_report(run_dir)
-        log(f"[tunebook] report: {path}")
+        try:
+            path = write_report(run_dir)
+            log(f"[tunebook] report: {path}")
+        except ImportError as e:  # nbconvert is absent on some GPU nodes; the notebooks are the record
+            log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
     return run_dir
 
 
