@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PROFILE ?=
 RUN_ID ?=
 
-.PHONY: setup run test lint format lab
+.PHONY: setup run test lint format lab goldens
 setup:
 	@bash scripts/setup.sh
 
@@ -14,7 +14,13 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests
+	rm -rf tests/golden/_nbval_run
 	$(PY) -m pytest -q --nbval-lax --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider tests/golden
+
+# Regenerate the nbval goldens: the notebooks executed on the cpu profile, run folder relative.
+goldens: setup
+	rm -rf tests/golden && mkdir -p tests/golden
+	$(PY) scripts/make_goldens.py
 
 lint: setup
 	$(PY) -m ruff check --fix . && $(PY) -m ruff format .
