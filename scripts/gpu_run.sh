@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run workbook steps on a GPU node inside a time budget, then pack the run folder.
+#   bash scripts/gpu_run.sh <run-id> <budget-seconds> <step>...
+# steps: bench (harness overhead benchmark), 00 01 02 03 04 (notebooks, resumable).
+# Each step gets what is left of the budget; a step cut short leaves its finished points on disk
+# (atomic per-point files) and the next call with the same run id resumes. The run folder is
+# packed into $OUT/run.tgz (or ./run.tgz) whatever happened.
+set -u
+rid=$1; budget=$2; shift 2
+out=${OUT:-.}
+start=$(date +%s)
+mkdir -p "runs/$rid"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem --format=csv \
+  >> "runs/$rid/nvidia-smi.csv" 2>&1 || true
+left() { echo $(( budget - ($(date +%s) - start) - 25 )); }
+for step in "$@"; do
+  l=$(left)
+  if (( l < 30 )); then echo "[gpu_run] no time left for $step"; break; fi
+  echo "[gpu_run] $step: ${l}s left"
+  case $step in
+    bench) timeout -k 5 "$l" python3 benchmarks/harness_overhead.py --profile h200 --starts 3 --repeats 3 \
+             --out "runs/$rid/bench/harness_overhead.json" 2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -20 ;;
+    *) timeout -k 5 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \
+         --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -20 ;;
+  esac
+done
+tar czf "$out/run.tgz" -C runs "$rid"
+echo "[gpu_run] packed runs/$rid in $(( $(date +%s) - start ))s"
