@@ -16,6 +16,7 @@ killed afterwards so no engine process outlives its point.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -189,11 +190,23 @@ def counter_delta(before: dict, after: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- per-request timings
-def request_record(out, tag: str = "") -> dict:
+def chosen_logprobs(token_ids, logprobs) -> list[float | None] | None:
+    """The logprob of each generated token (sampling ``logprobs >= 0``), else None."""
+    if not logprobs:
+        return None
+    out = []
+    for t, d in zip(token_ids, logprobs, strict=False):
+        lp = d.get(t) if d else None
+        out.append(float(lp.logprob) if lp is not None else None)
+    return out
+
+
+def request_record(out, tag: str = "", collect: bool = False) -> dict:
     """Timings of one finished request from its RequestOutput.metrics.
 
     ``first_token_latency`` is measured by the frontend from the wall-clock arrival; the *_ts
-    fields are engine-monotonic. Differences are taken only within one clock.
+    fields are engine-monotonic. Differences are taken only within one clock. ``collect`` (the
+    point's ``collect_outputs``) adds the generated token ids and their logprobs (output drift).
     """
     m = out.metrics
     n_out = len(out.outputs[0].token_ids)
@@ -204,6 +217,11 @@ def request_record(out, tag: str = "") -> dict:
         "output_tokens": n_out,
         "cached_tokens": out.num_cached_tokens or 0,
     }
+    if collect:
+        o = out.outputs[0]
+        rec["token_ids"] = list(o.token_ids)
+        rec["logprobs"] = chosen_logprobs(o.token_ids, o.logprobs)
+        rec["cumulative_logprob"] = o.cumulative_logprob
     if m is None:
         return rec
     decode_s = max(m.last_token_ts - m.first_token_ts, 0.0)
@@ -330,6 +348,7 @@ class Engine:
             "seed": self.kwargs.get("seed"),
             "sampler": sampler_name(sampling_kwargs(self.point)),
             "load_format": self.kwargs.get("load_format", "auto"),
+            "trust_remote_code": bool(self.vllm_config.model_config.trust_remote_code),
             "engine_multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0",
             "settings": self.point.get("settings") or {},
         }
@@ -374,7 +393,10 @@ class Engine:
         from vllm import SamplingParams
 
         base = sampling_kwargs(self.point)
-        return [SamplingParams(**{**base, "max_tokens": r.max_tokens, **extra}) for r in workload.requests]
+        return [
+            SamplingParams(**{**base, "max_tokens": r.max_tokens, **extra})
+            for r in workload.requests
+        ]
 
     def warmup(self, n: int = 4) -> None:
         """A few short requests so that compilation, graph capture and allocators are off the clock."""
@@ -398,7 +420,11 @@ class Engine:
                 outs = self.llm.generate(
                     self._prompts(workload), self._params(workload), use_tqdm=False
                 )
-                recs = [request_record(o, r.tag) for o, r in zip(outs, workload.requests)]
+                collect = bool(self.point.get("collect_outputs"))
+                recs = [
+                    request_record(o, r.tag, collect)
+                    for o, r in zip(outs, workload.requests, strict=True)
+                ]
             else:
                 recs = self._loop.run_until_complete(self._run_online(workload))
         finally:
@@ -411,7 +437,9 @@ class Engine:
         metrics.update(peaks)
         metrics.update(counter_delta(before, after))
         q = metrics.get("prefix_cache_queries") or 0
-        metrics["prefix_cache_hit_rate_pct"] = 100.0 * metrics["prefix_cache_hits"] / q if q else 0.0
+        metrics["prefix_cache_hit_rate_pct"] = (
+            100.0 * metrics["prefix_cache_hits"] / q if q else 0.0
+        )
         return {"metrics": metrics, "requests": recs, "timeline": sampler.samples}
 
     async def _run_online(self, workload: Workload) -> list[dict]:
@@ -434,28 +462,38 @@ class Engine:
                 await sem.acquire()
             try:
                 sent = time.perf_counter()
-                stamps, final, n_tok = [], None, 0
+                stamps, final, n_tok, ids, lps = [], None, 0, [], []
                 async for out in self.async_llm.generate(prompts[i], params[i], f"{tag}-{i}"):
                     now = time.perf_counter()
                     k = len(out.outputs[0].token_ids)
                     if k:
                         stamps.append(now)
                         n_tok += k
+                        ids += out.outputs[0].token_ids
+                        lps += (
+                            chosen_logprobs(out.outputs[0].token_ids, out.outputs[0].logprobs) or []
+                        )
                     final = out
             finally:
                 if sem:
                     sem.release()
             rec = request_record(final, r.tag)
+            if self.point.get(
+                "collect_outputs"
+            ):  # DELTA outputs: the final one holds the last piece only
+                rec.update(
+                    token_ids=ids,
+                    logprobs=lps or None,
+                    cumulative_logprob=final.outputs[0].cumulative_logprob,
+                )
             # Client-side view, as a user of `vllm serve` sees it (benchmark_serving does the same).
             rec["output_tokens"] = n_tok
             rec["prompt_tokens"] = r.prompt_len if r.prompt_len >= 0 else rec["prompt_tokens"]
             if stamps:
                 rec["ttft_ms"] = 1e3 * (stamps[0] - sent)
                 rec["e2e_ms"] = 1e3 * (stamps[-1] - sent)
-                rec["itl_ms"] = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
-                rec["tpot_ms"] = (
-                    1e3 * (stamps[-1] - stamps[0]) / (n_tok - 1) if n_tok > 1 else None
-                )
+                rec["itl_ms"] = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]
+                rec["tpot_ms"] = 1e3 * (stamps[-1] - stamps[0]) / (n_tok - 1) if n_tok > 1 else None
             return rec
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
@@ -470,10 +508,53 @@ def prepare(point: dict) -> tuple[dict, Workload]:
     point.setdefault("settings", {})
     validate_settings(point["settings"])
     shape = load_shape(point["model"])
+    check_architecture(shape, point)
     wl = make_workload(point["workload"], vocab_size=shape.vocab_size)
     mml = point["settings"].get("max_model_len") or shape.max_position_embeddings
     check_fits(wl, int(mml))
     return point, wl
+
+
+def check_architecture(shape, point: dict) -> None:
+    """Raise ConfigError if the installed vLLM cannot run any of the model's architectures.
+
+    Mirrors vLLM's own resolution, conservatively: a native architecture (ModelRegistry), a
+    Transformers-backend fallback (the class exists in transformers, or the config maps remote
+    code), or an explicit ``model_impl``. Without this, vLLM fails inside the engine with a
+    pydantic error that lists ~400 architectures.
+    """
+    archs = list(shape.architectures)
+    settings = point.get("settings") or {}
+    if not archs or settings.get("model_impl", "auto") != "auto":
+        return
+    from vllm.model_executor.models import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch in archs:
+        base = arch.split("For")[0]
+        if arch in supported or (base and f"{base}ForCausalLM" in supported):
+            return
+    try:
+        import transformers
+
+        if any(getattr(transformers, a, None) is not None for a in archs):
+            return
+    except Exception:
+        pass
+    model_dir = resolve_model_dir(point["model"])
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        cfg = {}
+    if (cfg.get("text_config") or cfg).get("auto_map") or cfg.get("auto_map"):
+        return  # remote code: vLLM's Transformers backend may load it (needs trust_remote_code)
+    near = difflib.get_close_matches(archs[0], sorted(supported), n=3, cutoff=0.8)
+    hint = f"; closest supported: {', '.join(near)}" if near else ""
+    raise ConfigError(
+        f"model {point['model']!r} (model_type {shape.model_type!r}) declares architectures"
+        f" {archs}, none of which vLLM {vllm_version()} supports{hint}",
+        key="model",
+    )
 
 
 def execute(point: dict, on_sample=None, shutdown: bool = True) -> dict:
@@ -561,11 +642,13 @@ def run_point(
     timeout_s: float | None = 3600,
     log_path: str | Path | None = None,
     progress_path: str | Path | None = None,
+    on_spawn=None,
 ) -> dict:
     """Run one point and always return a result dict; a failure is a result with its error.
 
     Validation errors (bad settings, workloads that cannot fit) are raised: they are the user's
-    input to fix, found before any engine starts.
+    input to fix, found before any engine starts. ``on_spawn(pid)`` is called with the isolated
+    child's pid (also its process group id) as soon as it starts.
     """
     prepare(point)  # raises ConfigError early, in the caller's process
     if not isolate:
@@ -584,14 +667,25 @@ def run_point(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **{k: str(v) for k, v in (point.get("env") or {}).items()}}
         env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [sys.executable, "-m", "tunebook.engine", str(tmp / "point.json"), str(tmp / "result.json")]
+        env[_PARENT_ENV] = str(os.getpid())  # the child kills its group if we die (SIGKILL)
+        cmd = [
+            sys.executable,
+            "-m",
+            "tunebook.engine",
+            str(tmp / "point.json"),
+            str(tmp / "result.json"),
+        ]
         if progress_path:
             cmd.append(str(progress_path))
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             # A new session: the engine and every process it spawns form one group we can kill.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
             try:
+                if on_spawn is not None:
+                    on_spawn(proc.pid)
                 rc = proc.wait(timeout=timeout_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
@@ -610,12 +704,20 @@ def run_point(
             if timed_out:
                 result["error"] = f"timed out after {timeout_s} s"
             else:
-                how = f"killed by signal {-proc.returncode}" if proc.returncode and proc.returncode < 0 else f"exit code {rc}"
+                how = (
+                    f"killed by signal {-proc.returncode}"
+                    if proc.returncode and proc.returncode < 0
+                    else f"exit code {rc}"
+                )
                 result["error"] = f"engine process died ({how}) before writing a result"
             reason = failure_reason(log_text)
             if reason:
                 result["error"] += f"; log: {reason}"
-        if result.get("status") != "ok" and result.get("error") and "Engine core initialization failed" in result["error"]:
+        if (
+            result.get("status") != "ok"
+            and result.get("error")
+            and "Engine core initialization failed" in result["error"]
+        ):
             reason = failure_reason(log_text)
             if reason:
                 result["error"] = reason
@@ -643,7 +745,33 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+_PARENT_ENV = "TUNEBOOK_PARENT_PID"
+
+
+def _watch_parent(parent_pid: int, tmp_dir: Path | None, interval_s: float = 0.5) -> None:
+    """Kill this child's whole process group once the parent is gone.
+
+    The child runs in its own session (so that the parent can kill it as a group), which also
+    means nothing kills it when the parent itself is killed with SIGKILL: without this watch an
+    orphaned engine would keep running, holding the device, after its sweep was killed.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        if tmp_dir is not None and tmp_dir.name.startswith("tunebook-point-"):
+            import shutil
+
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tunebook-parent-watch", daemon=True).start()
+
+
 def _child_main(argv: list[str]) -> int:
+    parent = os.environ.get(_PARENT_ENV)
+    if parent:
+        _watch_parent(int(parent), Path(argv[0]).parent)
     point = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
     progress = Path(argv[2]) if len(argv) > 2 else None
