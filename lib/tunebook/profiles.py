@@ -71,7 +71,12 @@ def notebook_parameters(notebook: str | Path) -> dict[str, dict]:
     nb_path = Path(notebook)
     if not nb_path.suffix:
         nb_path = NOTEBOOKS_DIR / f"{notebook}.ipynb"
-    nb = json.loads(nb_path.read_text())
+    if not nb_path.is_file():
+        raise ConfigError(f"no notebook {nb_path}", source=str(nb_path))
+    try:
+        nb = json.loads(nb_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"not a notebook (invalid JSON: {e})", source=str(nb_path)) from e
     for cell in nb["cells"]:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
             src = "".join(cell["source"])
@@ -96,12 +101,34 @@ _TYPE_CHECKS = {
 }
 
 
+def _top_level_alternatives(type_str: str) -> list[str]:
+    """Split "dict[str, int | None] | None" at the top-level "|" only."""
+    parts, depth, cur = [], 0, ""
+    for ch in type_str:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "|" and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*parts, cur]
+
+
 def _type_ok(type_str: str, value) -> bool:
     if value is None and ("None" in type_str or "Optional" in type_str):
         return True
-    head = type_str.split("[")[0].split("|")[0].strip()
-    check = _TYPE_CHECKS.get(head)
-    return check(value) if check else True
+    t = type_str.strip()
+    if t.startswith("Optional[") and t.endswith("]"):
+        t = t[len("Optional[") : -1]
+    # "int | float | None": any alternative may match; an unknown one accepts anything.
+    for alt in _top_level_alternatives(t):
+        head = alt.split("[")[0].strip()
+        if head == "None":
+            continue
+        check = _TYPE_CHECKS.get(head)
+        if check is None or check(value):
+            return True
+    return False
 
 
 def notebook_params(profile: dict, notebook: str) -> dict:
