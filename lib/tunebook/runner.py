@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,32 @@ RUNS_DIR = REPO_ROOT / "runs"
 
 
 def new_run_id(profile: str) -> str:
-    return f"{profile}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    """<profile>-<date>-<time>-<random>: two runs started in the same second still differ."""
+    return f"{profile}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def claim_run_dir(runs_dir: str | Path, run_id: str, resume: bool = False) -> Path:
+    """The run's folder, created for this run alone unless resuming.
+
+    The claim is an exclusive create of ``run.json``: of two runs given the same id at the same
+    moment, one gets the folder and the other a ConfigError, never a shared folder.
+    """
+    run_dir = Path(runs_dir).resolve() / safe_name(run_id, "run id")
+    if run_dir.exists() and not resume and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run folder {run_dir} exists; pass --resume to continue it or choose another --run-id"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        try:
+            fd = os.open(run_dir / "run.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            raise ConfigError(
+                f"run folder {run_dir} was just claimed by another run; choose another --run-id"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"run_id": run_id}))
+    return run_dir
 
 
 def select_notebooks(only: list[str] | None) -> list[str]:
@@ -27,7 +54,9 @@ def select_notebooks(only: list[str] | None) -> list[str]:
     for o in only:
         hits = [n for n in NOTEBOOKS if n == o or n.startswith(o)]
         if len(hits) != 1:
-            raise ConfigError(f"--notebook {o!r} matches {hits or 'nothing'}; notebooks: {NOTEBOOKS}")
+            raise ConfigError(
+                f"--notebook {o!r} matches {hits or 'nothing'}; notebooks: {NOTEBOOKS}"
+            )
         chosen.append(hits[0])
     return chosen
 
@@ -50,12 +79,7 @@ def run_workbook(
     # Every notebook's parameters are checked before the first one runs.
     plan = {n: notebook_params(prof, n) for n in names}
     run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
-    run_dir = Path(runs_dir).resolve() / run_id
-    if run_dir.exists() and not resume and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"run folder {run_dir} exists; pass --resume to continue it or choose another --run-id"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = claim_run_dir(runs_dir, run_id, resume)
     state_path = run_dir / "run.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     state.update(run_id=run_id, profile=str(prof["_path"]), python=sys.version.split()[0])
@@ -96,7 +120,9 @@ def run_workbook(
         try:
             path = write_report(run_dir)
             log(f"[tunebook] report: {path}")
-        except ImportError as e:  # nbconvert is absent on some GPU nodes; the notebooks are the record
+        except (
+            ImportError
+        ) as e:  # nbconvert is absent on some GPU nodes; the notebooks are the record
             log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
     return run_dir
 
@@ -106,7 +132,9 @@ def write_report(run_dir: str | Path) -> Path:
     from nbconvert import HTMLExporter
 
     run_dir = Path(run_dir)
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    exporter = HTMLExporter(
+        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
+    )
     links = []
     for nb in sorted(run_dir.glob("[0-9][0-9]_*.ipynb")):
         body, _ = exporter.from_filename(str(nb))
