@@ -53,7 +53,11 @@ class Workload:
         }
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "spec": self.spec, "requests": [asdict(r) for r in self.requests]}
+        return {
+            "name": self.name,
+            "spec": self.spec,
+            "requests": [asdict(r) for r in self.requests],
+        }
 
 
 KINDS = ("fixed", "uniform", "normal", "shared_prefix", "mixed", "text")
@@ -114,7 +118,16 @@ def make_workload(spec: dict, vocab_size: int | None = None) -> Workload:
         )
     n = _positive(spec, "num_requests", 16)
     out = _positive(spec, "output_len", 64)
-    seed = int(spec.get("seed", 0))
+    seed = spec.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"workload {kind!r}: seed must be an int, got {seed!r}", key="seed")
+    rate = spec.get("request_rate") or 0
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+        raise ConfigError(
+            f"workload {kind!r}: request_rate must be a number >= 0 (requests/s; 0 or inf: all"
+            f" at once), got {rate!r}",
+            key="request_rate",
+        )
     vocab = int(spec.get("vocab_size") or vocab_size or 1024)
     rng = np.random.default_rng(seed)
     reqs: list[Request] = []
@@ -144,7 +157,9 @@ def make_workload(spec: dict, vocab_size: int | None = None) -> Workload:
         prefixes = [_ids(rng, pre_len, vocab) for _ in range(n_pre)]
         # Round-robin over system prompts: every prefix is reused n / num_prefixes times.
         reqs = [
-            Request(prefixes[i % n_pre] + _ids(rng, plen - pre_len, vocab), out, tag=f"p{i % n_pre}")
+            Request(
+                prefixes[i % n_pre] + _ids(rng, plen - pre_len, vocab), out, tag=f"p{i % n_pre}"
+            )
             for i in range(n)
         ]
     elif kind == "mixed":
@@ -153,15 +168,18 @@ def make_workload(spec: dict, vocab_size: int | None = None) -> Workload:
         long_out = _positive(spec, "long_output_len", out)
         is_long = rng.random(n) < frac
         reqs = [
-            Request(_ids(rng, long if lg else short, vocab), long_out if lg else out,
-                    tag="long" if lg else "short")
+            Request(
+                _ids(rng, long if lg else short, vocab),
+                long_out if lg else out,
+                tag="long" if lg else "short",
+            )
             for lg in is_long
         ]
     elif kind == "text":
         prompts = spec.get("prompts") or CHAT_PROMPTS
         reqs = [Request(None, out, prompt=prompts[i % len(prompts)], tag="text") for i in range(n)]
 
-    for r, t in zip(reqs, poisson_arrivals(n, float(spec.get("request_rate") or 0), seed)):
+    for r, t in zip(reqs, poisson_arrivals(n, float(rate), seed), strict=True):
         r.arrival_s = t
     return Workload(name=str(spec.get("name") or kind), requests=reqs, spec=dict(spec))
 
