@@ -54,8 +54,8 @@ def _jsonable(x):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return [_jsonable(v) for v in x]
-    if hasattr(x, "item") and callable(x.item):  # numpy scalars
-        return x.item()
+    if hasattr(x, "tolist") and callable(x.tolist):  # numpy scalars and arrays
+        return _jsonable(x.tolist())
     if isinstance(x, str | int | float | bool) or x is None:
         return x
     return str(x)
