@@ -19,14 +19,14 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")  # "=" for grid() names: block_size=32
 
 
 def safe_name(name: str, what: str = "name") -> str:
     """Reject names that could escape the run folder or be awkward as file names."""
     if not isinstance(name, str) or not _SAFE.match(name) or ".." in name:
         raise ConfigError(
-            f"{what} {name!r} must be letters, digits, '.', '_' or '-', not starting with '.'",
+            f"{what} {name!r} must be letters, digits, '.', '_', '=' or '-', not starting with '.'",
             key=what,
         )
     return name
