@@ -330,6 +330,11 @@ class Engine:
             "kv_capacity_tokens": blocks * int(cc.block_size),
             "kv_cache_dtype": str(cc.cache_dtype),
             "max_model_len": int(self.vllm_config.model_config.max_model_len),
+            # What the engine resolved its defaults to (None in the settings means "vLLM chose").
+            "max_num_seqs": getattr(self.vllm_config.scheduler_config, "max_num_seqs", None),
+            "max_num_batched_tokens": getattr(self.vllm_config.scheduler_config, "max_num_batched_tokens", None),
+            "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
+            "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
         }
 
     def fingerprint(self) -> dict:
