@@ -62,3 +62,53 @@ def timeline(samples: list[dict], title: str = "engine state during the run"):
                       yaxis=dict(title="KV usage", range=[0, 1]),
                       yaxis2=dict(title="requests", overlaying="y", side="right"))
     return fig
+
+
+def predicted_vs_measured(df, predicted: str, measured: str, label: str, title: str = "",
+                          log: bool = False, unit: str = ""):
+    """Measured (engine-reported) against predicted values, one marker per row, with y = x."""
+    ok = df.dropna(subset=[predicted, measured])
+    fig = go.Figure()
+    fig.add_scatter(x=ok[predicted], y=ok[measured], mode="markers+text", text=ok[label].astype(str),
+                    textposition="top center", name="engines")
+    if len(ok):
+        lo = float(min(ok[predicted].min(), ok[measured].min()))
+        hi = float(max(ok[predicted].max(), ok[measured].max()))
+        fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="measured = predicted",
+                        line=dict(dash="dot", color="grey"))
+    suffix = f" ({unit})" if unit else ""
+    fig.update_layout(title=title, xaxis_title=f"predicted{suffix}", yaxis_title=f"engine{suffix}",
+                      template="plotly_white")
+    if log:
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
+    return fig
+
+
+def panels(df, x: str, ys: list, color: str | None = None, title: str = "", log_x: bool = False):
+    """Several metrics against one x, side by side: median per group with min-max whiskers.
+
+    ``ys`` is a list of column names or (column, axis title) pairs.
+    """
+    from plotly.subplots import make_subplots
+
+    ys = [(y, y) if isinstance(y, str) else tuple(y) for y in ys]
+    fig = make_subplots(rows=1, cols=len(ys), subplot_titles=[t for _, t in ys])
+    palette = ["#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3"]
+    for i, (y, _) in enumerate(ys, start=1):
+        med, lo, hi = _agg(df, x, y, color)
+        groups = [None] if not color else list(dict.fromkeys(med[color]))
+        for j, gname in enumerate(groups):
+            sel = (med[color] == gname) if color else slice(None)
+            m, mn, mx = med[sel], lo[sel], hi[sel]
+            fig.add_scatter(
+                x=m[x], y=m[y], mode="lines+markers", name=str(gname) if color else y,
+                legendgroup=str(gname), showlegend=(i == 1 and color is not None),
+                line=dict(color=palette[j % len(palette)]),
+                error_y=dict(type="data", symmetric=False, array=(mx[y] - m[y]).tolist(),
+                             arrayminus=(m[y] - mn[y]).tolist()),
+                row=1, col=i,
+            )
+        fig.update_xaxes(title_text=x, type="log" if log_x else None, row=1, col=i)
+    fig.update_layout(title=title, template="plotly_white", height=380)
+    return fig
