@@ -1,0 +1,545 @@
+"""Assembling a configuration from saved sweeps: discovery, the choice rule, writers, explorer.
+
+Pure logic on synthetic sweep folders written with tunebook.results (no engine): the numbers are
+made up so that each rule (beyond noise, within noise, single run, no default point, SLO, policy)
+is exercised on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import yaml
+from tunebook import assemble
+from tunebook.results import SweepDir
+
+BASE = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}
+SLO = {"ttft_ms": 1000.0, "tpot_ms": 100.0}
+
+
+def _requests(n: int, ttft: float, tpot: float) -> list[dict]:
+    return [
+        {"ttft_ms": ttft, "tpot_ms": tpot, "prompt_tokens": 16, "output_tokens": 8}
+        for _ in range(n)
+    ]
+
+
+def write_sweep(
+    run_dir,
+    notebook: str,
+    sweep: str,
+    configs: dict,
+    workload: str = "fixed",
+    capacity: dict | None = None,
+    status: dict | None = None,
+) -> SweepDir:
+    """configs: name -> (settings, [metrics per repeat]); metrics may carry '_req' = (ttft, tpot)."""
+    sd = SweepDir(run_dir / notebook / sweep)
+    for name, (settings, reps) in configs.items():
+        for r, m in enumerate(reps):
+            m = dict(m)
+            req = m.pop("_req", None)
+            pid = f"{name}-r{r}"
+            ok = (status or {}).get(pid, "ok")
+            cap = {
+                "block_size": 128,
+                "enable_prefix_caching": True,
+                "max_num_batched_tokens": 4096,
+                "kv_capacity_tokens": 131072,
+                **(capacity or {}),
+            }
+            cap.update({k: v for k, v in settings.items() if k in cap})
+            sd.write(
+                pid,
+                {
+                    "point_id": pid,
+                    "config": name,
+                    "repeat": r,
+                    "status": ok,
+                    "settings": {**BASE, **settings},
+                    "workload": {"name": workload, "kind": workload},
+                    "metrics": {"duration_s": 1.0, **m} if ok == "ok" else {},
+                    "capacity": cap if ok == "ok" else {},
+                    "requests": _requests(10, *req) if req and ok == "ok" else [],
+                    "error": None if ok == "ok" else "EngineFailure: boom",
+                },
+            )
+    sd.write_summary()
+    return sd
+
+
+def tput(*vals, ttft=100.0, tpot=10.0):
+    return [
+        {
+            "output_throughput_tok_s": v,
+            "request_throughput_rps": v / 10,
+            "ttft_p99_ms": ttft,
+            "tpot_p50_ms": tpot,
+            "_req": (ttft, tpot),
+        }
+        for v in vals
+    ]
+
+
+def decision(choice, setting):
+    return next(d for d in choice["decisions"] if d["setting"] == setting)
+
+
+# --------------------------------------------------------------------------- discovery
+def test_discover_lists_sweeps_and_what_they_vary(tmp_path):
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {"default": ({}, tput(100, 101)), "block_size=64": ({"block_size": 64}, tput(120, 121))},
+    )
+    write_sweep(tmp_path, "03_prefill_scaling", "prompt_length", {"len=128": ({}, tput(5))})
+    write_sweep(
+        tmp_path, "04_assemble_config", "validate-x", {"chosen": ({}, tput(1))}
+    )  # own output: skipped
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "00_baseline.json").write_text("[]")
+    (tmp_path / "01_kv_cache_sizing" / "empty").mkdir(
+        parents=True
+    )  # no points, no summary: skipped
+    sweeps = assemble.discover(tmp_path)
+    assert [s.key for s in sweeps] == [
+        "02_block_size_sweep/block_size",
+        "03_prefill_scaling/prompt_length",
+    ]
+    bs = sweeps[0]
+    assert bs.varied == ["block_size"] and bs.n_ok == 4
+    assert (
+        "output_throughput_tok_s" in bs.metric_names() and "kv_capacity_tokens" in bs.metric_names()
+    )
+    inv = assemble.inventory(sweeps)
+    assert list(inv["varies"]) == ["block_size", "-"]
+    assert assemble.resolved_defaults(sweeps)["block_size"] == 128
+
+
+def test_discover_missing_run_dir_is_empty(tmp_path):
+    assert assemble.discover(tmp_path / "nope") == []
+    choice = assemble.choose([], "high_throughput", None, BASE)
+    assert choice["changed"] == {} and choice["settings"] == BASE
+    text = assemble.recommendation_text(choice)
+    assert "No evidence for prefix caching" in text and "No evidence for KV block size" in text
+
+
+def test_summary_csv_only_sweep_is_read(tmp_path):
+    sd = write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {"default": ({}, tput(100, 101)), "block_size=64": ({"block_size": 64}, tput(150, 152))},
+    )
+    for p in sd.root.glob("*.json"):
+        p.unlink()
+    (sw,) = assemble.discover(tmp_path)
+    assert sw.points == [] and sw.varied == ["block_size"]
+    assert sw.settings["block_size=64"]["block_size"] == 64
+    choice = assemble.choose([sw], "high_throughput", None, BASE)
+    assert choice["changed"] == {"block_size": 64}
+
+
+# --------------------------------------------------------------------------- the choice rule
+def test_change_only_beyond_noise_and_report_runner_up(tmp_path):
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {
+            "default": ({}, tput(100, 105)),
+            "block_size=32": ({"block_size": 32}, tput(140, 152)),
+            "block_size=64": ({"block_size": 64}, tput(150, 155)),
+        },
+    )
+    choice = assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE)
+    d = decision(choice, "block_size")
+    assert d["status"] == "changed" and d["value"] == 64 and choice["changed"] == {"block_size": 64}
+    assert choice["settings"] == {**BASE, "block_size": 64}
+    assert (
+        d["reference"] == "default"
+        and d["best"] == "block_size=64"
+        and d["runner_up"] == "block_size=32"
+    )
+    assert d["gap_to_runner_up"]["within_noise"] is True  # 140-152 overlaps 150-155
+    assert d["vs_default"]["within_noise"] is False and d["vs_default"]["ratio"] == pytest.approx(
+        152.5 / 102.5
+    )
+    assert d["notebook"] == "02_block_size_sweep" and d["sweep"] == "block_size"
+    assert d["figure"] == "02_block_size_sweep/block_size: output_throughput_tok_s by block_size"
+    assert set(d) == set(assemble.DECISION_KEYS)
+
+
+def test_within_noise_keeps_the_default(tmp_path):
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {
+            "default": ({}, tput(95, 110)),
+            "block_size=64": ({"block_size": 64}, tput(100, 130)),
+        },
+    )
+    choice = assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE)
+    d = decision(choice, "block_size")
+    assert d["status"] == "kept: within noise" and not d["changed"] and choice["changed"] == {}
+    assert "within the noise" in d["reason"]
+
+
+def test_single_run_per_config_is_not_evidence(tmp_path):
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {
+            "default": ({}, tput(100)),
+            "block_size=64": ({"block_size": 64}, tput(300)),
+        },
+    )
+    d = decision(
+        assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE), "block_size"
+    )
+    assert d["status"] == "kept: too few repeats" and not d["changed"]
+
+
+def test_no_default_point_means_no_change(tmp_path):
+    write_sweep(
+        tmp_path,
+        "03_prefill_scaling",
+        "max_num_batched_tokens",
+        {
+            "max_num_batched_tokens=512": ({"max_num_batched_tokens": 512}, tput(50, 51)),
+            "max_num_batched_tokens=8192": ({"max_num_batched_tokens": 8192}, tput(200, 201)),
+        },
+    )  # vLLM's resolved default (4096 here) is not among them
+    d = decision(
+        assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE),
+        "max_num_batched_tokens",
+    )
+    assert d["status"] == "kept: no default point" and not d["changed"]
+
+
+def test_reference_found_by_resolved_default(tmp_path):
+    # 00 ran vLLM's default (block_size left out; the engine resolved it to 128) ...
+    write_sweep(tmp_path, "00_baseline", "plain", {"default": ({}, tput(10, 10))})
+    # ... and 02 swept explicit values only: 128 is the default, so it is the reference.
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {
+            "block_size=32": ({"block_size": 32}, tput(100, 104)),
+            "block_size=128": ({"block_size": 128}, tput(150, 155)),
+        },
+    )
+    choice = assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE)
+    d = decision(choice, "block_size")
+    assert d["reference"] == "block_size=128" and d["status"] == "kept: default is best"
+    assert choice["resolved_defaults"]["block_size"] == 128
+
+
+def test_scenario_decides_the_metric(tmp_path):
+    # 'big' has more throughput, 'small' a lower TTFT; both separated from the default.
+    write_sweep(
+        tmp_path,
+        "03_prefill_scaling",
+        "max_num_seqs",
+        {
+            "default": ({}, tput(100, 102, ttft=500.0)),
+            "max_num_seqs=16": ({"max_num_seqs": 16}, tput(60, 62, ttft=100.0)),
+            "max_num_seqs=1024": ({"max_num_seqs": 1024}, tput(150, 152, ttft=900.0)),
+        },
+    )
+    sweeps = assemble.discover(tmp_path)
+    assert assemble.choose(sweeps, "high_throughput", None, BASE)["changed"] == {
+        "max_num_seqs": 1024
+    }
+    low = assemble.choose(sweeps, "low_latency", SLO, BASE)
+    assert low["changed"] == {"max_num_seqs": 16}
+    assert decision(low, "max_num_seqs")["metric"] == "ttft_p99_ms"
+
+
+def test_slo_excludes_configs_and_goodput_is_recomputed(tmp_path):
+    write_sweep(
+        tmp_path,
+        "03_prefill_scaling",
+        "max_num_seqs",
+        {
+            "default": ({}, tput(100, 101, ttft=400.0, tpot=20.0)),
+            "max_num_seqs=1024": ({"max_num_seqs": 1024}, tput(200, 202, ttft=1500.0, tpot=20.0)),
+        },
+    )
+    sweeps = assemble.discover(tmp_path)
+    # Under a 1 s TTFT limit the faster config misses the SLO: goodput 0, default kept.
+    strict = assemble.choose(sweeps, "high_concurrency_chat", SLO, BASE)
+    d = decision(strict, "max_num_seqs")
+    assert d["metric"] == "goodput_rps" and d["goodput_slo"]
+    assert strict["changed"] == {} and d["best"] == "default"
+    assert {r["config"]: r["meets_slo"] for r in d["ranking"]} == {
+        "default": True,
+        "max_num_seqs=1024": False,
+    }
+    # With a 2 s limit both meet it and every request counts: goodput 10 rps for both -> a tie.
+    loose = assemble.choose(
+        sweeps, "high_concurrency_chat", {"ttft_ms": 2000.0, "tpot_ms": 100.0}, BASE
+    )
+    assert decision(loose, "max_num_seqs")["status"] in (
+        "kept: within noise",
+        "kept: default is best",
+    )
+
+
+def test_default_missing_the_slo_in_every_repeat_is_a_reason(tmp_path):
+    # Low latency: the default misses the TTFT limit in both repeats, the other meets it in both.
+    write_sweep(
+        tmp_path,
+        "03_prefill_scaling",
+        "max_num_batched_tokens",
+        {
+            "default": ({}, tput(100, 100, ttft=1200.0)),
+            "max_num_batched_tokens=1024": (
+                {"max_num_batched_tokens": 1024},
+                tput(100, 100, ttft=800.0),
+            ),
+        },
+    )
+    sweeps = assemble.discover(tmp_path)
+    d = decision(assemble.choose(sweeps, "low_latency", SLO, BASE), "max_num_batched_tokens")
+    assert d["changed"] and d["value"] == 1024
+
+
+def test_policy_settings_are_never_changed_on_speed(tmp_path):
+    write_sweep(
+        tmp_path,
+        "01_kv_cache_sizing",
+        "kv_cache_dtype",
+        {
+            "default": ({}, tput(100, 101)),
+            "kv_cache_dtype=fp8": ({"kv_cache_dtype": "fp8"}, tput(200, 201)),
+        },
+    )
+    choice = assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE)
+    d = decision(choice, "kv_cache_dtype")
+    assert d["status"] == "kept: policy" and d["measured_best"] == "fp8" and choice["changed"] == {}
+    assert "accuracy" in d["reason"]
+
+
+def test_bundles_and_failures_are_reported(tmp_path):
+    article = {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 32}
+    write_sweep(
+        tmp_path,
+        "00_baseline",
+        "default_vs_article",
+        {"default": ({}, tput(100, 104)), "article": (article, tput(60, 62))},
+    )
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {"default": ({}, tput(1)), "block_size=64": ({"block_size": 64}, tput(1))},
+        status={"default-r0": "failed", "block_size=64-r0": "failed"},
+    )
+    choice = assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE)
+    (b,) = choice["bundles"]
+    assert b["config"] == "article" and b["reference"] == "default" and b["within_noise"] is False
+    assert b["ratio"] == pytest.approx(61 / 102)
+    assert choice["failed_sweeps"] == ["02_block_size_sweep/block_size"]
+    assert "No evidence for KV block size" in assemble.recommendation_text(choice)
+
+
+def test_unknown_scenario_is_an_error():
+    with pytest.raises(ValueError, match="unknown scenario"):
+        assemble.choose([], "fastest", None, BASE)
+
+
+def test_article_settings_per_platform():
+    gpu, notes = assemble.article_settings("cuda")
+    cpu, cpu_notes = assemble.article_settings("cpu")
+    assert gpu["block_size"] == 16 and cpu["block_size"] == 32
+    assert "max_paddings" not in gpu and "scheduler_policy" not in gpu
+    assert any("max_paddings" in n for n in notes) and any("32" in n for n in cpu_notes)
+
+
+# --------------------------------------------------------------------------- writers
+def test_cli_flags_as_vllm_spells_them():
+    args = assemble.cli_args(
+        {
+            "model": "m",
+            "block_size": 64,
+            "enable_prefix_caching": False,
+            "enforce_eager": True,
+            "disable_log_stats": False,
+            "compilation_config": {"mode": 0},
+            "served_model_name": ["a", "b"],
+            "max_num_seqs": None,
+        }
+    )
+    assert args == [
+        "m",
+        "--block-size",
+        "64",
+        "--no-enable-prefix-caching",
+        "--enforce-eager",
+        "--compilation-config",
+        '{"mode":0}',
+        "--served-model-name",
+        "a",
+        "b",
+    ]
+    cmd = assemble.serve_command({"model": "/x y/m", "block_size": 64}, served_model_name="m")
+    assert cmd == "vllm serve '/x y/m' \\\n  --block-size 64 \\\n  --served-model-name m"
+
+
+def test_yaml_config_spells_false_as_no_flag():
+    cfg = assemble.yaml_config(
+        {
+            "model": "m",
+            "enable_prefix_caching": False,
+            "max_model_len": 2048,
+            "disable_log_stats": False,
+            "enforce_eager": True,
+        }
+    )
+    assert cfg == {
+        "model": "m",
+        "no-enable-prefix-caching": True,
+        "max-model-len": 2048,
+        "enforce-eager": True,
+    }
+
+
+def test_write_config_files(tmp_path):
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {"default": ({}, tput(100, 105)), "block_size=64": ({"block_size": 64}, tput(150, 155))},
+    )
+    choice = assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE)
+    kwargs = assemble.deploy_kwargs("tiny-ernie", choice["settings"])
+    assert kwargs["model"].endswith("models/tiny-ernie") and kwargs["load_format"] == "dummy"
+    assert kwargs["block_size"] == 64 and "seed" not in kwargs and "disable_log_stats" not in kwargs
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    files = assemble.write_config(
+        tmp_path / "04_assemble_config", choice, kwargs, env=env, served_model_name="tiny-ernie"
+    )
+    assert sorted(files) == ["choice.json", "llm_kwargs.py", "serve.sh", "serve.yaml"]
+    sh = files["serve.sh"].read_text()
+    assert sh.startswith("#!/usr/bin/env bash") and "export VLLM_ENABLE_V1_MULTIPROCESSING=0" in sh
+    assert (
+        "exec vllm serve " in sh
+        and "--block-size 64" in sh
+        and "--served-model-name tiny-ernie" in sh
+    )
+    assert "block_size=64: 02_block_size_sweep/block_size (changed)" in sh
+    assert os.stat(files["serve.sh"]).st_mode & stat.S_IXUSR
+    y = yaml.safe_load(files["serve.yaml"].read_text())
+    assert (
+        y["block-size"] == 64
+        and y["load-format"] == "dummy"
+        and y["served-model-name"] == "tiny-ernie"
+    )
+    assert all("_" not in k for k in y)
+    ns: dict = {}
+    exec(
+        compile(files["llm_kwargs.py"].read_text(), "llm_kwargs.py", "exec"), ns
+    )  # __name__ != main
+    assert ns["kwargs"] == kwargs
+    doc = json.loads(files["choice.json"].read_text())
+    assert doc["settings"]["block_size"] == 64 and doc["env"] == env and doc["llm_kwargs"] == kwargs
+    assert doc["decisions"][0]["notebook"] == "02_block_size_sweep"
+    st = assemble.structure(files)
+    assert st["every decision has them"] and "decisions" in st["choice.json keys"]
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a = assemble.config_hash({"chosen": {"settings": {"block_size": 64}}})
+    assert a == assemble.config_hash({"chosen": {"settings": {"block_size": 64}}})
+    assert a != assemble.config_hash({"chosen": {"settings": {"block_size": 32}}})
+
+
+def test_validation_table_ratios(tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame(
+        [
+            {"config": c, "status": "ok", "output_throughput_tok_s": v}
+            for c, vs in {"default": (100, 110), "chosen": (100, 108), "article": (50, 52)}.items()
+            for v in vs
+        ]
+    )
+    vt = assemble.validation_table(df, metrics=(("output_throughput_tok_s", "max"),))
+    row = vt.set_index("config").loc["article"]
+    assert row["ratio vs default"] == pytest.approx(51 / 105) and not row["within noise"]
+    assert vt.set_index("config").loc["chosen"]["within noise"]
+    assert vt.set_index("config").loc["default"]["within noise"] is None
+
+
+# --------------------------------------------------------------------------- explorer
+def test_explorer_recomputes_without_an_engine(tmp_path):
+    from tunebook.explorer import RECOMMENDATION_CLASS, Explorer
+
+    write_sweep(
+        tmp_path,
+        "03_prefill_scaling",
+        "max_num_seqs",
+        {
+            "default": ({}, tput(100, 102, ttft=500.0)),
+            "max_num_seqs=16": ({"max_num_seqs": 16}, tput(60, 62, ttft=100.0)),
+            "max_num_seqs=1024": ({"max_num_seqs": 1024}, tput(150, 152, ttft=900.0)),
+        },
+    )
+    ex = Explorer(
+        tmp_path,
+        scenario="high_throughput",
+        slo_ttft_ms=1000,
+        slo_tpot_ms=100,
+        base_settings=BASE,
+        model="tiny-ernie",
+        figure_widget=False,
+    )
+    assert RECOMMENDATION_CLASS in ex.recommendation._dom_classes
+    assert "max_num_seqs = 1024" in ex.recommendation.value
+    assert "--max-num-seqs 1024" in ex.command.value
+    assert ex.sweep.value == "03_prefill_scaling/max_num_seqs"
+    assert ex.metric.value == "output_throughput_tok_s"
+    ex.scenario.value = "low_latency"  # the event recomputes
+    assert (
+        ex.choice["changed"] == {"max_num_seqs": 16}
+        and "max_num_seqs = 16" in ex.recommendation.value
+    )
+    assert ex.metric.value == "ttft_p99_ms"
+    ex.ttft.value = 50.0  # nothing meets a 50 ms TTFT: ranked without the SLO, still 16 is best
+    assert "no configuration meets the SLO" in json.dumps(ex.choice["decisions"])
+    ex.configs.value = ("default", "max_num_seqs=16")
+    fig = ex.figure()
+    assert list(fig.data[0].x) == ["default (default)", "max_num_seqs=16 (chosen)"]
+    assert fig.layout.shapes[0].y0 == pytest.approx(50.0)  # the SLO line follows the slider
+
+
+def test_explorer_with_figure_widget_when_available(tmp_path):
+    pytest.importorskip("anywidget")
+    from tunebook.explorer import Explorer
+
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {"default": ({}, tput(100, 105)), "block_size=64": ({"block_size": 64}, tput(150, 155))},
+    )
+    ex = Explorer(tmp_path, scenario="high_throughput", base_settings=BASE, figure_widget=True)
+    assert ex.fig is not None and len(ex.fig.data) == 1
+    ex.metric.value = "ttft_p99_ms"
+    assert ex.fig.layout.yaxis.title.text == "ttft_p99_ms"
+
+
+def test_explorer_on_an_empty_run(tmp_path):
+    from tunebook.explorer import Explorer
+
+    ex = Explorer(tmp_path, figure_widget=False)
+    assert ex.choice["changed"] == {} and "No evidence" in ex.recommendation.value
+    assert ex.figure().layout.title.text == "no saved sweep to plot in this run"
