@@ -1,0 +1,102 @@
+"""Shared fixtures: the tiny model, a base point, run folders, and a finder for engine processes.
+
+Engines in this suite run in-process with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (a ~3 s start on
+the CPU backend) unless a test is about isolation. Every process a test starts carries a tag in
+its environment, so that leftover checks see only this suite's processes on a shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+# Before anything imports vllm: offline engines run in this process (no EngineCore child).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+# Inherited by every child (run_point copies os.environ): marks this session's engine processes.
+TEST_TAG_ENV = "TUNEBOOK_TEST_TAG"
+os.environ[TEST_TAG_ENV] = f"pytest-{uuid.uuid4().hex[:12]}"
+
+MIB = 1024**2
+TINY = "tiny-ernie"
+# 8 MiB of KV: 16,384 tokens for the tiny model in bf16 (512 B a token), plenty for the tests.
+KV_BYTES = 8 * MIB
+ENGINE_SETTINGS = {"enforce_eager": True, "kv_cache_memory_bytes": KV_BYTES, "max_model_len": 512}
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+SMALL_WORKLOAD = {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_len": 6, "seed": 1}
+
+
+def engine_processes(tag: str | None = None) -> list:
+    """Live processes of this test session that are (or were spawned by) a tunebook engine child.
+
+    A process counts if its command line contains ``tunebook.engine`` or it carries the session's
+    tag and is not the pytest process or one of its direct helpers (scripts the tests run). Zombies
+    are dead already and are not counted.
+    """
+    import psutil
+
+    tag = tag or os.environ[TEST_TAG_ENV]
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["pid"] == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "tunebook.engine" not in cmd and "EngineCore" not in (p.name() or ""):
+                continue
+            if p.environ().get(TEST_TAG_ENV) == tag:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_processes(procs) -> None:
+    """Last-resort cleanup in a test's finally: kill the given processes by pid."""
+    import psutil
+
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """The tiny ERNIE-4.5-shaped model, by name (resolves to models/tiny-ernie)."""
+    from tunebook.model import resolve_model_dir
+
+    assert (resolve_model_dir(TINY) / "config.json").is_file()
+    return TINY
+
+
+@pytest.fixture
+def base_point(tiny_model) -> dict:
+    """A small valid point: tiny model, in-process-friendly settings, a four-request workload."""
+    return {
+        "point_id": "base",
+        "model": tiny_model,
+        "settings": dict(ENGINE_SETTINGS),
+        "env": dict(ENGINE_ENV),
+        "workload": dict(SMALL_WORKLOAD),
+        "warmup_requests": 1,
+    }
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    """An empty runs/ folder for one test."""
+    d = tmp_path / "runs"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(scope="module")
+def module_run_dir(tmp_path_factory) -> Path:
+    """A runs/ folder shared by a module's engine fixtures (engine starts are shared)."""
+    return tmp_path_factory.mktemp("runs")
