@@ -1,0 +1,467 @@
+"""Reliability: bad inputs are found before any engine starts, and nothing a point or a sweep
+runner does when killed can lose finished results or leave an engine process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ENGINE_ENV, ENGINE_SETTINGS, engine_processes, kill_processes
+from tunebook import engine, profiles
+from tunebook.errors import ConfigError
+from tunebook.runner import claim_run_dir, new_run_id
+from tunebook.sweep import make_points, run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- params files
+PARAMS_CELL = """\
+model: str = "tiny-ernie"
+repeats: int = 2
+slo_ttft_ms: float = 500.0
+engine_settings: dict = {}
+engine_env: dict[str, str] = {}
+isolate: bool = True
+run_dir: str | None = None
+"""
+
+
+def _notebook(path: Path, params_src: str | None = PARAMS_CELL) -> Path:
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# question"]}]
+    if params_src is not None:
+        cells.append(
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["parameters"]},
+                "source": params_src.splitlines(keepends=True),
+                "outputs": [],
+                "execution_count": None,
+            }
+        )
+    path.write_text(
+        json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    )
+    return path
+
+
+@pytest.fixture
+def nb_dir(tmp_path, monkeypatch) -> Path:
+    """A notebooks/ folder with one small 00_baseline notebook (the real ones are elsewhere)."""
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    _notebook(d / "00_baseline.ipynb")
+    monkeypatch.setattr(profiles, "NOTEBOOKS_DIR", d)
+    return d
+
+
+def _profile(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "prof.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"no params file .*nope\.yaml"):
+        profiles.load_profile(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match=r"no params file .*no-such-profile\.yaml; profiles here"):
+        profiles.load_profile("no-such-profile")
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("common: [unclosed\n", r"malformed YAML"),
+        ("common:\n  model: a\n   bad: indent\n", r"malformed YAML"),
+        ("- a\n- b\n", r"must be a mapping of sections"),
+        ("05_nonexistent: {}\n", r"unknown section\(s\) \['05_nonexistent'\]; valid: common"),
+        ("common: 3\n", r"section 'common' must be a mapping"),
+    ],
+)
+def test_malformed_params_files(tmp_path, text, match):
+    p = _profile(tmp_path, text)
+    with pytest.raises(ConfigError, match=match) as err:
+        profiles.load_profile(p)
+    assert str(p) in str(err.value)  # the message names the file
+
+
+def test_yaml_python_tags_are_rejected_and_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    p = _profile(tmp_path, f'common: !!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        profiles.load_profile(p)
+    assert not marker.exists()
+
+
+def test_notebook_params_merge_and_check(tmp_path, nb_dir):
+    prof = profiles.load_profile(
+        _profile(tmp_path, "common:\n  repeats: 3\n  model: a\n00_baseline:\n  model: b\n")
+    )
+    assert profiles.notebook_params(prof, "00_baseline") == {"repeats": 3, "model": "b"}
+    declared = profiles.notebook_parameters("00_baseline")
+    assert declared["slo_ttft_ms"] == {"type": "float", "default": 500.0}
+    # int for float, None for an Optional, dicts for dicts: fine
+    ok = "common:\n  slo_ttft_ms: 300\n  run_dir: null\n  engine_env: {A: '1'}\n"
+    profiles.notebook_params(profiles.load_profile(_profile(tmp_path, ok)), "00_baseline")
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("common:\n  modle: tiny-ernie\n", r"'modle' is not a parameter of 00_baseline; its param"),
+        (
+            "00_baseline:\n  repeats: two\n",
+            r"00_baseline.repeats = 'two' \(str\) does not match int",
+        ),
+        ("common:\n  repeats: 2.5\n", r"repeats = 2.5 \(float\) does not match int"),
+        ("common:\n  repeats: true\n", r"repeats = True \(bool\) does not match int"),
+        ("common:\n  isolate: 'no'\n", r"isolate = 'no' \(str\) does not match bool"),
+        (
+            "common:\n  engine_settings: [1]\n",
+            r"engine_settings = \[1\] \(list\) does not match dict",
+        ),
+        ("common:\n  run_dir: 5\n", r"run_dir = 5 \(int\) does not match str \| None"),
+    ],
+)
+def test_notebook_params_errors(tmp_path, nb_dir, text, match):
+    p = _profile(tmp_path, text)
+    prof = profiles.load_profile(p)
+    with pytest.raises(ConfigError, match=match) as err:
+        profiles.notebook_params(prof, "00_baseline")
+    assert str(err.value).startswith(str(p))
+
+
+def test_notebook_without_parameters_cell_or_missing(tmp_path, nb_dir):
+    _notebook(nb_dir / "01_kv_cache_sizing.ipynb", params_src=None)
+    prof = profiles.load_profile(_profile(tmp_path, "common: {}\n"))
+    with pytest.raises(ConfigError, match="no cell tagged 'parameters'"):
+        profiles.notebook_params(prof, "01_kv_cache_sizing")
+    with pytest.raises(ConfigError, match=r"no notebook .*02_block_size_sweep\.ipynb"):
+        profiles.notebook_params(prof, "02_block_size_sweep")
+
+
+def test_shipped_profiles_parse():
+    for name in profiles.available_profiles():
+        prof = profiles.load_profile(name)
+        assert set(prof) - {"_path"} <= {"common", *profiles.NOTEBOOKS, *profiles.META_KEYS}
+
+
+# --------------------------------------------------------------------------- models and workloads
+@pytest.fixture
+def no_engine(monkeypatch):
+    """Fail the test if anything tries to start an engine (in-process or isolated)."""
+
+    real_popen = subprocess.Popen
+
+    def boom(*a, **k):
+        raise AssertionError("an engine was started")
+
+    def popen(cmd, *a, **k):
+        if "tunebook.engine" in cmd:
+            boom()
+        return real_popen(cmd, *a, **k)
+
+    monkeypatch.setattr(engine.Engine, "start", boom)
+    monkeypatch.setattr(engine.subprocess, "Popen", popen)
+
+
+def test_model_path_without_config_json(tmp_path, base_point, no_engine):
+    d = tmp_path / "weights-only"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"")
+    for isolate in (False, True):
+        with pytest.raises(ConfigError, match=r"weights-only has no config\.json"):
+            engine.run_point({**base_point, "model": str(d)}, isolate=isolate)
+
+
+def _unsupported_model(tmp_path: Path) -> Path:
+    from tunebook.model import resolve_model_dir
+
+    cfg = json.loads((resolve_model_dir("tiny-ernie") / "config.json").read_text())
+    cfg["architectures"] = ["NoSuchForCausalLM"]
+    d = tmp_path / "nosuch"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_unsupported_architecture_is_a_config_error_before_any_engine(
+    tmp_path, base_point, run_dir, no_engine
+):
+    point = {**base_point, "model": str(_unsupported_model(tmp_path))}
+    with pytest.raises(ConfigError, match=r"\['NoSuchForCausalLM'\], none of which vLLM 0\.\d+"):
+        engine.prepare(point)
+    for isolate in (False, True):
+        with pytest.raises(ConfigError, match="NoSuchForCausalLM"):
+            engine.run_point(point, isolate=isolate)
+    pts = make_points(base_point, {"ok": {}, "bad": {"model": point["model"]}})
+    with pytest.raises(ConfigError, match="NoSuchForCausalLM"):
+        run_sweep(pts, run_dir, progress=False)
+    assert not list(run_dir.glob("*.json"))  # not even the good point ran
+
+
+def test_architecture_check_is_not_stricter_than_vllm(tmp_path, base_point):
+    """Architectures vLLM can load stay accepted: native, Transformers fallback, remote code."""
+    d = _unsupported_model(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    for archs, extra in (
+        (["LlamaForCausalLM"], {}),
+        (["NoSuchForCausalLM", "Ernie4_5ForCausalLM"], {}),
+        (["Ernie4_5ForSequenceClassification"], {}),
+        (["NoSuchForCausalLM"], {"auto_map": {"AutoModelForCausalLM": "m.NoSuchForCausalLM"}}),
+    ):
+        (d / "config.json").write_text(json.dumps({**cfg, "architectures": archs, **extra}))
+        engine.prepare({**base_point, "model": str(d)})
+    (d / "config.json").write_text(json.dumps({**cfg, "architectures": ["NoSuchForCausalLM"]}))
+    engine.prepare({**base_point, "model": str(d), "settings": {"model_impl": "transformers"}})
+
+
+def test_workload_too_long_for_max_model_len(base_point, no_engine):
+    point = {
+        **base_point,
+        "workload": {"kind": "fixed", "num_requests": 2, "prompt_len": 500, "output_len": 20},
+    }
+    for isolate in (False, True):
+        with pytest.raises(ConfigError, match=r"520 tokens, more than max_model_len 512"):
+            engine.run_point(point, isolate=isolate)
+    # without max_model_len the model's max_position_embeddings (4096) is the limit
+    long = {**point, "settings": {}, "workload": {**point["workload"], "prompt_len": 4090}}
+    with pytest.raises(ConfigError, match="max_model_len 4096"):
+        engine.prepare(long)
+
+
+def test_trust_remote_code_is_false_unless_set(base_point):
+    assert engine.engine_kwargs(base_point)["trust_remote_code"] is False
+    assert engine.engine_kwargs({**base_point, "trust_remote_code": True})["trust_remote_code"]
+    on = {**base_point, "settings": {**base_point["settings"], "trust_remote_code": True}}
+    assert engine.engine_kwargs(on)["trust_remote_code"] is True
+
+
+# --------------------------------------------------------------------------- run folders
+def test_run_ids_are_unique_and_never_share_folders(run_dir):
+    ids = {new_run_id("cpu") for _ in range(50)}
+    assert len(ids) == 50  # same second, same profile: still distinct
+    a, b = sorted(ids)[:2]
+    da, db = claim_run_dir(run_dir, a), claim_run_dir(run_dir, b)
+    assert da != db and da.parent == db.parent == run_dir.resolve()
+    assert json.loads((da / "run.json").read_text())["run_id"] == a
+
+
+def test_a_run_folder_is_claimed_once(run_dir):
+    d = claim_run_dir(run_dir, "r1")
+    with pytest.raises(ConfigError, match="exists; pass --resume"):
+        claim_run_dir(run_dir, "r1")
+    assert claim_run_dir(run_dir, "r1", resume=True) == d
+    (run_dir / "r2").mkdir()  # an empty folder made by hand: still claimable, once
+    claim_run_dir(run_dir, "r2")
+    with pytest.raises(ConfigError):
+        claim_run_dir(run_dir, "r2")
+    for bad in ("../r3", "a/b", ".r4"):
+        with pytest.raises(ConfigError):
+            claim_run_dir(run_dir, bad)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["r1", "r2"]
+
+
+def test_concurrent_claims_of_one_id_give_one_winner(run_dir):
+    results: list = []
+
+    def claim():
+        try:
+            results.append(claim_run_dir(run_dir, "same"))
+        except ConfigError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, Path) for r in results) == 1
+
+
+# --------------------------------------------------------------------------- killing engines
+def _point(tiny_model, pid: str, **workload) -> dict:
+    return {
+        "point_id": pid,
+        "model": tiny_model,
+        "settings": {**ENGINE_SETTINGS, "max_model_len": 2048},
+        "env": dict(ENGINE_ENV),
+        "workload": {
+            "kind": "fixed",
+            "num_requests": 4,
+            "prompt_len": 16,
+            "output_len": 6,
+            **workload,
+        },
+        "warmup_requests": 1,
+    }
+
+
+def _wait(cond, timeout_s: float, what: str, step: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.engine
+def test_engine_killed_mid_point_fails_that_point_and_the_next_runs(tiny_model, tmp_path):
+    long = _point(tiny_model, "long", num_requests=8, prompt_len=64, output_len=1500)
+    progress = tmp_path / "long.progress.jsonl"
+    pids: list[int] = []
+    killed = threading.Event()
+
+    def killer():
+        # the engine is running a workload once the child reports metrics samples
+        try:
+            _wait(lambda: pids and progress.is_file() and progress.stat().st_size, 300, "progress")
+        except AssertionError:
+            return
+        os.killpg(pids[0], signal.SIGKILL)
+        killed.set()
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    try:
+        res = engine.run_point(
+            long,
+            isolate=True,
+            timeout_s=400,
+            log_path=tmp_path / "long.log",
+            progress_path=progress,
+            on_spawn=pids.append,
+        )
+    finally:
+        t.join(timeout=5)
+        kill_processes(engine_processes())
+    assert killed.is_set()
+    assert res["status"] == "failed"
+    assert "killed by signal 9" in res["error"], res["error"]
+    assert res["point_id"] == "long" and "metrics" not in res
+    assert engine_processes() == []
+
+    nxt = engine.run_point(_point(tiny_model, "next"), isolate=True, timeout_s=300)
+    assert nxt["status"] == "ok", nxt.get("error")
+    assert nxt["metrics"]["num_requests"] == 4
+    assert engine_processes() == []
+
+
+@pytest.mark.engine
+def test_ctrl_c_while_waiting_on_an_isolated_point_kills_its_engine(tiny_model):
+    pids: list[int] = []
+
+    def interrupt(pid):
+        pids.append(pid)
+        _wait(lambda: engine_processes(), 30, "the engine child")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_point(_point(tiny_model, "ctrl-c"), isolate=True, on_spawn=interrupt)
+    assert pids and engine_processes() == []
+
+
+SWEEP_SCRIPT = """\
+import json, sys
+from tunebook.sweep import make_points, run_sweep
+
+def main():
+    out, mode, base, configs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    run_sweep(make_points(base, configs), out, isolate=(mode == "isolated"), progress=False)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _sweep_cmd(tmp_path: Path, out: Path, mode: str, base: dict, configs: dict) -> list[str]:
+    script = tmp_path / "sweep_script.py"
+    script.write_text(SWEEP_SCRIPT)
+    return [sys.executable, str(script), str(out), mode, json.dumps(base), json.dumps(configs)]
+
+
+def _valid_points(out: Path) -> dict[str, dict]:
+    """Every point file parses as JSON (a kill never leaves half a file) and no temp file remains."""
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+    return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def _start(cmd: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def _interrupt_after(runner, out: Path, point_file: str, sig: int, logf: Path, isolated: bool):
+    """Send ``sig`` to the runner once ``point_file`` is written (and, if isolated, once the next
+    point's engine child is up); return the point files as they stood after the kill."""
+    _wait(lambda: (out / point_file).is_file() or runner.poll() is not None, 400, point_file)
+    assert runner.poll() is None, logf.read_text()[-3000:]
+    if isolated:
+        _wait(lambda: engine_processes(), 60, "the next point's engine")
+    runner.send_signal(sig)
+    assert runner.wait(timeout=120) != 0  # interrupted, not finished
+    done = _valid_points(out)
+    assert all(p["status"] == "ok" for p in done.values())
+    # no engine outlives its runner, even one killed with SIGKILL (the child notices)
+    _wait(lambda: not engine_processes(), 30, "engine processes to go", step=0.25)
+    return done
+
+
+@pytest.mark.engine
+def test_sweep_runner_interrupted_by_sigint_and_sigkill_resumes(tiny_model, tmp_path):
+    """Run 1 (in-process engines) gets SIGINT after its first point, run 2 (isolated engines)
+    resumes and gets SIGKILL after its first point with the next engine running, run 3 finishes.
+    Points written before each kill stay byte for byte as they were."""
+    base = _point(tiny_model, "x")
+    del base["point_id"]
+    configs = {
+        "a": {"settings": {"block_size": 32}},
+        "b": {"settings": {"block_size": 64}},
+        "c": {"settings": {"block_size": 32, "kv_cache_dtype": "fp8"}},
+    }
+    out = tmp_path / "sweep"
+    logf = tmp_path / "runner.log"
+    log = open(logf, "w")
+    runner = None
+    try:
+        runner = _start(_sweep_cmd(tmp_path, out, "inprocess", base, configs), log)
+        done1 = _interrupt_after(runner, out, "a-r0.json", signal.SIGINT, logf, isolated=False)
+        assert "a-r0" in done1 and "c-r0" not in done1
+        a_text = (out / "a-r0.json").read_text()
+
+        runner = _start(_sweep_cmd(tmp_path, out, "isolated", base, configs), log)
+        done2 = _interrupt_after(runner, out, "b-r0.json", signal.SIGKILL, logf, isolated=True)
+        assert sorted(done2) == ["a-r0", "b-r0"]
+        assert (out / "a-r0.json").read_text() == a_text  # resume skipped it
+        b_text = (out / "b-r0.json").read_text()
+
+        rerun = subprocess.run(
+            _sweep_cmd(tmp_path, out, "inprocess", base, configs),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            timeout=500,
+        )
+        assert rerun.returncode == 0, logf.read_text()[-3000:]
+    finally:
+        if runner is not None and runner.poll() is None:
+            runner.kill()
+        log.close()
+        kill_processes(engine_processes())
+    final = _valid_points(out)
+    assert sorted(final) == ["a-r0", "b-r0", "c-r0"]
+    assert all(p["status"] == "ok" for p in final.values())
+    assert (out / "a-r0.json").read_text() == a_text
+    assert (out / "b-r0.json").read_text() == b_text
+    assert final["b-r0"]["log_file"].endswith("logs/b-r0.log")  # b ran isolated, in run 2
+    assert (out / "summary.csv").read_text().count("\n") == 4
+    assert engine_processes() == []
