@@ -26,6 +26,14 @@ def test_atomic_write_leaves_no_tmp_and_replaces(tmp_path):
     assert sorted(x.name for x in p.parent.iterdir()) == ["a.json"]
 
 
+def test_point_files_are_readable_by_others(tmp_path):
+    """mkstemp creates 0600 files; a run folder is shared (Jupyter, CI artifacts)."""
+    sd = SweepDir(tmp_path)
+    p = sd.write("a", {"point_id": "a", "status": "ok"})
+    assert p.stat().st_mode & 0o777 == 0o644
+    assert sd.write_summary().stat().st_mode & 0o777 == 0o644
+
+
 def test_atomic_write_failure_keeps_the_old_file(tmp_path, monkeypatch):
     p = tmp_path / "a.json"
     atomic_write_text(p, "old")

@@ -10,6 +10,7 @@ Layout (like vLLM's own sweep output)::
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -32,12 +33,16 @@ def safe_name(name: str, what: str = "name") -> str:
     return name
 
 
+_FILE_MODE = 0o644  # mkstemp makes 0600; results are for everyone who may read the run
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder, then rename: a kill leaves old or new, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -104,12 +109,11 @@ class SweepDir:
         for r in rows:
             cols += [k for k in r if k not in cols]
         path = self.root / "summary.csv"
-        fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
-        os.replace(tmp, path)
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+        atomic_write_text(path, buf.getvalue())  # no half-written summary, no stray temp file
         return path
 
 
