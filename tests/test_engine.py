@@ -7,6 +7,7 @@ ok) and two more points (in-process and isolated) cover capacity, failures and b
 from __future__ import annotations
 
 import csv
+import os
 
 import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS, KV_BYTES, MIB
@@ -51,11 +52,22 @@ def sweep3(module_run_dir, tiny_model):
     return df, {p["point_id"]: p for p in SweepDir(out).points()}, out
 
 
+ENV_PROBE = "VLLM_LOG_STATS_INTERVAL"  # a harmless vLLM variable (default 10 s)
+
+
 @pytest.fixture(scope="module")
 def inproc_64_auto(tiny_model):
+    """An in-process point after an earlier engine froze vLLM's env cache, with its own env."""
+    import vllm.envs
+
+    assert ENV_PROBE not in os.environ
+    vllm.envs.enable_envs_cache()  # what an earlier in-process engine core leaves behind
     p = {**_base(tiny_model), "point_id": "inproc"}
     p["settings"] = {**p["settings"], "block_size": 64}
-    return engine.run_point(p, isolate=False)
+    p["env"] = {**p["env"], ENV_PROBE: "7.5"}
+    res = engine.run_point(p, isolate=False)
+    res["_env_after"] = os.environ.get(ENV_PROBE)
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +164,15 @@ def test_fingerprint(sweep3, isolated_32_fp8):
     assert env["engine_multiprocessing"] is False
     assert isolated_32_fp8["env"]["attention_backend"] == "CPU_ATTN"
     assert isolated_32_fp8["wall_s"] > 0 and isolated_32_fp8["log_file"].endswith("iso.log")
+
+
+def test_in_process_point_env_is_seen_by_vllm_and_does_not_leak(inproc_64_auto):
+    assert inproc_64_auto["status"] == "ok", inproc_64_auto.get("error")
+    assert inproc_64_auto["env"]["vllm_env"] == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": False,
+        ENV_PROBE: 7.5,
+    }
+    assert inproc_64_auto["_env_after"] is None
 
 
 def test_isolated_point_leaves_no_engine_process(isolated_32_fp8):

@@ -16,6 +16,7 @@ killed afterwards so no engine process outlives its point.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -332,7 +333,9 @@ class Engine:
             "max_model_len": int(self.vllm_config.model_config.max_model_len),
             # What the engine resolved its defaults to (None in the settings means "vLLM chose").
             "max_num_seqs": getattr(self.vllm_config.scheduler_config, "max_num_seqs", None),
-            "max_num_batched_tokens": getattr(self.vllm_config.scheduler_config, "max_num_batched_tokens", None),
+            "max_num_batched_tokens": getattr(
+                self.vllm_config.scheduler_config, "max_num_batched_tokens", None
+            ),
             "enable_prefix_caching": getattr(cc, "enable_prefix_caching", None),
             "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
         }
@@ -356,6 +359,7 @@ class Engine:
             "trust_remote_code": bool(self.vllm_config.model_config.trust_remote_code),
             "engine_multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0",
             "settings": self.point.get("settings") or {},
+            "vllm_env": self._vllm_env(),
         }
         comp = self.vllm_config.compilation_config
         fp["cudagraph_capture_sizes"] = list(getattr(comp, "cudagraph_capture_sizes", []) or [])
@@ -368,6 +372,13 @@ class Engine:
             fp["device"] = pyplatform.processor() or pyplatform.machine()
             fp["attention_backend"] = "CPU_ATTN"
         return fp
+
+    def _vllm_env(self) -> dict:
+        """The point's vLLM variables as vLLM itself reads them now (after any env cache)."""
+        import vllm.envs as venvs
+
+        known = getattr(venvs, "environment_variables", {})
+        return {k: getattr(venvs, k) for k in (self.point.get("env") or {}) if k in known}
 
     def device_memory(self) -> dict:
         try:
@@ -657,13 +668,13 @@ def run_point(
     """
     prepare(point)  # raises ConfigError early, in the caller's process
     if not isolate:
-        os.environ.update({k: str(v) for k, v in (point.get("env") or {}).items()})
-        try:
-            return execute(point)
-        except Exception as e:
-            res = _skeleton(point, None)
-            res["error"] = f"{type(e).__name__}: {e}"
-            return res
+        with point_env(point.get("env")):
+            try:
+                return execute(point)
+            except Exception as e:
+                res = _skeleton(point, None)
+                res["error"] = f"{type(e).__name__}: {e}"
+                return res
 
     with tempfile.TemporaryDirectory(prefix="tunebook-point-") as tmp:
         tmp = Path(tmp)
@@ -736,6 +747,40 @@ def run_point(
         result["wall_s"] = time.perf_counter() - t0
         result["log_file"] = str(log_path)
         return result
+
+
+@contextlib.contextmanager
+def point_env(env: dict | None):
+    """A point's environment variables, for the duration of an in-process point only.
+
+    vLLM reads its variables lazily, but its engine core freezes them (``enable_envs_cache``)
+    once started: without a reset, every later in-process point would silently run with the
+    first point's values. The previous environment is restored afterwards, so one point's
+    variables never leak into the next.
+    """
+    env = {k: str(v) for k, v in (env or {}).items()}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    _reset_vllm_env_cache()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _reset_vllm_env_cache()
+
+
+def _reset_vllm_env_cache() -> None:
+    try:
+        import vllm.envs as venvs
+    except ImportError:
+        return
+    reset = getattr(venvs, "disable_envs_cache", None)
+    if reset is not None:
+        reset()
 
 
 def kill_group(proc: subprocess.Popen) -> None:
