@@ -256,6 +256,7 @@ class Engine:
         self.llm = None
         self.async_llm = None
         self._loop = None
+        self._driver = None  # a worker thread that drives _loop when this thread runs one (Jupyter)
         self.start_s = None
 
     # -- lifecycle
@@ -279,10 +280,29 @@ class Engine:
             async def make():
                 return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs))
 
-            self.async_llm = self._loop.run_until_complete(make())
+            self.async_llm = self._drive(make())
             self.vllm_config = self.async_llm.vllm_config
         self.start_s = time.perf_counter() - t0
         return self
+
+    def _drive(self, coro):
+        """Run ``coro`` on the engine's private loop until done.
+
+        Where this thread already runs an event loop (a Jupyter kernel), a loop cannot be run
+        from it: the private loop is then driven from one worker thread, the same for the
+        engine's whole life.
+        """
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._loop.run_until_complete(coro)
+        if self._driver is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._driver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunebook-loop")
+        return self._driver.submit(self._loop.run_until_complete, coro).result()
 
     def shutdown(self) -> None:
         import gc
@@ -303,9 +323,12 @@ class Engine:
             for t in pending:
                 t.cancel()
             if pending:
-                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self._drive(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
             self._loop = None
+        if self._driver is not None:
+            self._driver.shutdown(wait=True)
+            self._driver = None
         gc.collect()
         try:
             import torch
@@ -442,7 +465,7 @@ class Engine:
                     for o, r in zip(outs, workload.requests, strict=True)
                 ]
             else:
-                recs = self._loop.run_until_complete(self._run_online(workload))
+                recs = self._drive(self._run_online(workload))
         finally:
             dur = time.perf_counter() - t0
             peaks = sampler.stop()
