@@ -112,3 +112,67 @@ def panels(df, x: str, ys: list, color: str | None = None, title: str = "", log_
         fig.update_xaxes(title_text=x, type="log" if log_x else None, row=1, col=i)
     fig.update_layout(title=title, template="plotly_white", height=380)
     return fig
+
+
+def lines(
+    df,
+    x: str,
+    series: dict[str, str],
+    title: str = "",
+    xaxis: str | None = None,
+    yaxis: str | None = None,
+    dashed: tuple[str, ...] = (),
+    log_x: bool = False,
+):
+    """One line per column: ``series`` maps a legend label to a column of ``df`` (one row per x).
+
+    Labels in ``dashed`` are drawn dashed (reference lines: arithmetic, floors, claims).
+    """
+    fig = go.Figure()
+    d = df.sort_values(x)
+    for label, col in series.items():
+        fig.add_scatter(
+            x=d[x],
+            y=d[col],
+            name=label,
+            mode="lines+markers",
+            line=dict(dash="dash") if label in dashed else None,
+        )
+    fig.update_layout(
+        title=title, xaxis_title=xaxis or x, yaxis_title=yaxis, template="plotly_white"
+    )
+    if log_x:
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def scatter_with_curves(
+    points: dict,
+    curves: dict | None = None,
+    title: str = "",
+    xaxis: str = "",
+    yaxis: str = "",
+    log_x: bool = False,
+    log_y: bool = False,
+    dashed: tuple[str, ...] = (),
+):
+    """Measured points (name -> (x, y)) with model curves (name -> (x, y)) over them."""
+    fig = go.Figure()
+    for name, (xs, ys) in points.items():
+        fig.add_scatter(
+            x=list(xs), y=list(ys), name=name, mode="markers", marker=dict(size=7, opacity=0.75)
+        )
+    for name, (xs, ys) in (curves or {}).items():
+        fig.add_scatter(
+            x=list(xs),
+            y=list(ys),
+            name=name,
+            mode="lines",
+            line=dict(dash="dash" if name in dashed else "solid"),
+        )
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, template="plotly_white")
+    if log_x:
+        fig.update_xaxes(type="log")
+    if log_y:
+        fig.update_yaxes(type="log")
+    return fig
