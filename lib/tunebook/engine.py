@@ -233,7 +233,7 @@ def request_record(out, tag: str = "", collect: bool = False) -> dict:
         decode_ms=1e3 * decode_s,
         e2e_ms=1e3 * (m.first_token_latency + decode_s),
         tpot_ms=1e3 * decode_s / (n_out - 1) if n_out > 1 else None,
-        num_preemptions=m.num_preemptions,
+        num_preemptions=getattr(m, "num_preemptions", None),  # absent in vLLM 0.26
     )
     return rec
 
