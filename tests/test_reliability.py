@@ -358,6 +358,15 @@ def test_engine_killed_mid_point_fails_that_point_and_the_next_runs(tiny_model, 
 
 
 @pytest.mark.engine
+def test_isolated_point_past_its_timeout_is_failed_and_killed(tiny_model, tmp_path):
+    res = engine.run_point(
+        _point(tiny_model, "slow"), isolate=True, timeout_s=1, log_path=tmp_path / "slow.log"
+    )
+    assert res["status"] == "failed" and res["error"].startswith("timed out after 1 s")
+    assert engine_processes() == []
+
+
+@pytest.mark.engine
 def test_ctrl_c_while_waiting_on_an_isolated_point_kills_its_engine(tiny_model):
     pids: list[int] = []
 
