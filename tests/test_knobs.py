@@ -119,3 +119,14 @@ def test_batched_tokens_below_model_len_without_chunked_prefill():
 def test_replaced_name_that_a_vllm_version_does_have_is_accepted():
     """REPLACED only applies when the installed vLLM lacks the field."""
     check_settings({"max_paddings": 8}, {"max_paddings": int}, "cpu")
+
+
+def test_literal_or_str_fields_accept_other_strings():
+    """tokenizer_mode is Literal[...] | str in vLLM: a custom mode is valid, not a typo."""
+    from typing import Literal
+
+    fields = {"mode": Literal["auto", "hf"] | str, "policy": Literal["fcfs", "priority"] | None}
+    check_settings({"mode": "my_custom_mode", "policy": None}, fields, "cpu")
+    with pytest.raises(ConfigError, match=r"choose one of \['fcfs', 'priority'\]"):
+        check_settings({"policy": "lifo"}, fields, "cpu")
+    validate_settings({"tokenizer_mode": "my_custom_mode"})

@@ -48,10 +48,16 @@ def _literal_choices(tp) -> tuple | None:
     if origin is typing.Literal:
         return typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        for a in typing.get_args(tp):
+        args = typing.get_args(tp)
+        choices: tuple = ()
+        for a in args:
+            if a is type(None):
+                continue
             c = _literal_choices(a)
-            if c:
-                return c + ((None,) if type(None) in typing.get_args(tp) else ())
+            if c is None:
+                return None  # e.g. Literal[...] | str: other values are valid too
+            choices += c
+        return choices + ((None,) if type(None) in args else ()) if choices else None
     return None
 
 
