@@ -190,6 +190,29 @@ def test_within_noise_keeps_the_default(tmp_path):
     assert "within the noise" in d["reason"]
 
 
+def test_ranges_apart_by_less_than_their_width_are_noise(tmp_path):
+    # Ranges 100-110 and 112-125 do not overlap, but the gap (2) is narrower than a range (13).
+    write_sweep(
+        tmp_path,
+        "02_block_size_sweep",
+        "block_size",
+        {
+            "default": ({}, tput(100, 110)),
+            "block_size=64": ({"block_size": 64}, tput(112, 125)),
+        },
+    )
+    d = decision(
+        assemble.choose(assemble.discover(tmp_path), "high_throughput", None, BASE), "block_size"
+    )
+    assert d["vs_default"]["within_noise"] is False  # metrics.compare alone would call it real
+    assert d["status"] == "kept: within noise" and not d["changed"]
+    assert d["vs_default"]["gap"] == pytest.approx(2) and d["vs_default"][
+        "spread"
+    ] == pytest.approx(13)
+    assert assemble.separation([100, 110], [112, 125], "max") == (2, 13)
+    assert assemble.separation([10, 12], [5, 6], "min") == (4, 2)
+
+
 def test_single_run_per_config_is_not_evidence(tmp_path):
     write_sweep(
         tmp_path,
@@ -310,6 +333,54 @@ def test_default_missing_the_slo_in_every_repeat_is_a_reason(tmp_path):
     sweeps = assemble.discover(tmp_path)
     d = decision(assemble.choose(sweeps, "low_latency", SLO, BASE), "max_num_batched_tokens")
     assert d["changed"] and d["value"] == 1024
+
+
+def test_sweep_over_several_workloads_is_judged_per_workload(tmp_path):
+    # Prefix caching on vs off at two prefix shares: off wins without sharing, on wins with it.
+    sd = SweepDir(tmp_path / "01_kv_cache_sizing" / "prefix")
+    cells = {
+        ("share0", "off"): (120, 125),
+        ("share0", "on"): (100, 104),
+        ("share0.9", "off"): (100, 104),
+        ("share0.9", "on"): (300, 310),
+    }
+    for (share, onoff), vals in cells.items():
+        for r, v in enumerate(vals):
+            pid = f"{share}-{onoff}-r{r}"
+            sd.write(
+                pid,
+                {
+                    "point_id": pid,
+                    "config": f"{share}-{onoff}",
+                    "repeat": r,
+                    "status": "ok",
+                    "settings": {**BASE, "enable_prefix_caching": onoff == "on"},
+                    "workload": {"name": f"shared_prefix_{share[5:]}", "kind": "shared_prefix"},
+                    "metrics": {"output_throughput_tok_s": v, "duration_s": 1.0},
+                    "capacity": {"enable_prefix_caching": onoff == "on"},
+                },
+            )
+    (sw,) = assemble.discover(tmp_path)
+    assert sw.workload_varies and [p.part for p in sw.split_by_workload()] == [
+        "shared_prefix_0",
+        "shared_prefix_0.9",
+    ]
+    assert "several workloads" in assemble.inventory([sw])["varies"][0]
+    # Every point set the flag, so vLLM's resolved default comes from outside (as 00's would).
+    choice = assemble.choose(
+        [sw], "high_throughput", None, BASE, defaults={"enable_prefix_caching": True}
+    )
+    d = decision(choice, "enable_prefix_caching")
+    assert d["status"] == "kept: evidence disagrees" and not d["changed"]
+    assert [(w["evidence"], w["status"]) for w in d["per_workload"]] == [
+        ("01_kv_cache_sizing/prefix [shared_prefix_0.9]", "kept: default is best"),
+        ("01_kv_cache_sizing/prefix [shared_prefix_0]", "changed"),
+    ]
+    assert assemble.evidence_sweep([sw], d).part == "shared_prefix_0.9"
+    assert (
+        assemble.decisions_table(choice)["evidence"][0]
+        == "01_kv_cache_sizing/prefix [shared_prefix_0.9]"
+    )
 
 
 def test_policy_settings_are_never_changed_on_speed(tmp_path):

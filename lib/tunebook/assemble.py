@@ -12,8 +12,8 @@ notebooks 00-03 filled; no engine starts here.
 The rule: start from vLLM's defaults (plus the profile's platform settings, e.g. the KV size the
 CPU backend needs) and change a setting only when a sweep that varied that setting alone shows a
 configuration better than vLLM's default for the scenario's objective, beyond the noise of its
-repeats (``metrics.compare``: the min-max ranges over engine starts do not overlap) and with the
-SLO met. Everything else is kept at the default, and the reason is recorded.
+repeats (``metrics.compare``: the min-max ranges over engine starts do not overlap, and the gap
+between them is at least as wide as the wider range, see ``separation``) and with the SLO met. Everything else is kept at the default, and the reason is recorded.
 """
 
 from __future__ import annotations
@@ -178,10 +178,33 @@ class Sweep:
     rows: list[dict] = field(default_factory=list)  # one flat row per point
     settings: dict[str, dict] = field(default_factory=dict)  # config -> its settings
     workloads: dict[str, str] = field(default_factory=dict)  # config -> workload name/kind text
+    part: str | None = None  # the workload this is the part of a sweep for (split_by_workload)
 
     @property
     def key(self) -> str:
         return f"{self.notebook}/{self.name}"
+
+    @property
+    def label(self) -> str:
+        return self.key + (f" [{self.part}]" if self.part else "")
+
+    def split_by_workload(self) -> list[Sweep]:
+        """One part per workload, for sweeps that ran their settings on several workloads."""
+        groups: dict[str, list[str]] = {}
+        for cfg, w in self.workloads.items():
+            groups.setdefault(w, []).append(cfg)
+        parts = []
+        for w, cfgs in groups.items():
+            keep = set(cfgs)
+            sub = Sweep(self.notebook, self.name, self.path, part=(w.split() or [""])[0])
+            sub.points = [
+                p for p in self.points if str(p.get("config") or p.get("point_id")) in keep
+            ]
+            sub.rows = [r for r in self.rows if str(r.get("config") or r.get("point_id")) in keep]
+            sub.settings = {c: self.settings[c] for c in cfgs}
+            sub.workloads = {c: self.workloads[c] for c in cfgs}
+            parts.append(sub)
+        return parts
 
     @property
     def configs(self) -> list[str]:
@@ -358,7 +381,8 @@ def inventory(sweeps: list[Sweep]):
             {
                 "notebook": s.notebook,
                 "sweep": s.name,
-                "varies": ", ".join(s.varied) or ("workload" if s.workload_varies else "-"),
+                "varies": (", ".join(s.varied) or "-")
+                + (" (on several workloads)" if s.workload_varies else ""),
                 "configs": len(s.configs),
                 "points ok": s.n_ok,
                 "points failed": len(s.rows) - s.n_ok,
@@ -403,6 +427,13 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def _vs(best: str, ratio: float, metric: str, verb: str = "measured") -> str:
+    """'<best> measured 1.23x the default's <metric>' (in words when the default's median is 0)."""
+    if ratio is None or (isinstance(ratio, float) and (math.isnan(ratio) or math.isinf(ratio))):
+        return f"{best} was compared with a default whose median {metric} is 0 (no ratio)"
+    return f"{best} {verb} {ratio:.3g}x the default's {metric}"
 
 
 def _config_values(df, metric: str) -> dict[str, list[float]]:
@@ -465,6 +496,20 @@ def _slo_every_repeat(df, cfg: str, slo: dict | None) -> str:
     if not verdicts:
         return "mixed"
     return "none" if all(verdicts) else ("all" if not any(verdicts) else "mixed")
+
+
+def separation(ref: list[float], other: list[float], direction: str) -> tuple[float, float]:
+    """The gap between two min-max ranges in the better direction, and the wider range's width.
+
+    A change needs gap >= width: the ranges do not overlap, and by at least one range's width.
+    (Two samples a side from one distribution fail to overlap with probability 1/3.)
+    """
+    if direction == "max":
+        gap = min(other) - max(ref)
+    else:
+        gap = min(ref) - max(other)
+    width = max(max(ref) - min(ref), max(other) - min(other))
+    return gap, width
 
 
 def _objective(df, scenario: Scenario) -> tuple[str, str] | None:
@@ -530,6 +575,8 @@ DECISION_KEYS = (
     "vs_default",
     "also_in",
     "measured_best",
+    "part",
+    "per_workload",
 )
 
 
@@ -548,6 +595,7 @@ def decide_setting(
         "notebook": sw.notebook,
         "sweep": sw.name,
         "path": str(sw.path),
+        "part": sw.part,
         "workload": ", ".join(sorted(set(sw.workloads.values()))),
         "changed": False,
         "value": None,
@@ -565,7 +613,7 @@ def decide_setting(
     d.update(
         metric=metric,
         direction=direction,
-        figure=f"{sw.notebook}/{sw.name}: {metric} by {setting}",
+        figure=f"{sw.label}: {metric} by {setting}",
         goodput_slo="recomputed under this SLO"
         if metric == "goodput_rps" and "goodput_slo" in df
         else None,
@@ -636,7 +684,7 @@ def decide_setting(
             status="kept: too few repeats",
             reason=note
             + (
-                f"{best} measured {c['ratio']:.3g}x the default's {metric}, but with fewer than two"
+                f"{_vs(best, c['ratio'], metric)}, but with fewer than two"
                 " engine starts per configuration the gap cannot be told from noise"
             ),
         )
@@ -661,8 +709,21 @@ def decide_setting(
             status="kept: within noise",
             reason=note
             + (
-                f"{best} measured {c['ratio']:.3g}x the default's {metric}, within the noise"
+                f"{_vs(best, c['ratio'], metric)}, within the noise"
                 f" (min-max ranges over {c['a']['n']} and {c['b']['n']} engine starts overlap)"
+            ),
+        )
+        return d
+    gap, width = separation(vals[ref], vals[best], direction)
+    d["vs_default"].update(gap=gap, spread=width)
+    if gap < width:
+        d.update(
+            status="kept: within noise",
+            reason=note
+            + (
+                f"{_vs(best, c['ratio'], metric)}; the ranges do not overlap,"
+                f" but the gap between them ({gap:.3g}) is narrower than the wider range ({width:.3g}):"
+                " with two repeats a side, non-overlap alone happens by chance one time in three"
             ),
         )
         return d
@@ -672,8 +733,9 @@ def decide_setting(
         value=best_value,
         reason=note
         + (
-            f"{best} gives {c['ratio']:.3g}x the default's {metric}, beyond the noise"
-            f" (ranges over {c['a']['n']} and {c['b']['n']} engine starts do not overlap)"
+            f"{_vs(best, c['ratio'], metric, 'gives')}, beyond the noise"
+            f" (ranges over {c['a']['n']} and {c['b']['n']} engine starts do not overlap, and the"
+            f" gap {gap:.3g} is at least the wider range {width:.3g})"
         ),
     )
     return d
@@ -698,6 +760,7 @@ def compare_bundle(sw: Sweep, scenario: Scenario, slo: dict | None) -> list[dict
             {
                 "notebook": sw.notebook,
                 "sweep": sw.name,
+                "part": sw.part,
                 "config": cfg,
                 "reference": ref,
                 "settings": extra,
@@ -733,23 +796,51 @@ def choose(
     single: dict[str, list[Sweep]] = {}
     bundles: list[dict] = []
     context: list[str] = []
-    for s in sweeps:
-        if s.n_ok == 0:
+    for whole in sweeps:
+        if whole.n_ok == 0:
             continue
-        v = s.varied
-        if len(v) == 1 and not s.workload_varies:
-            single.setdefault(v[0], []).append(s)
-        elif len(v) > 1 and not s.workload_varies:
-            bundles += compare_bundle(s, sc, slo)
-        else:
-            context.append(s.key)
+        # A sweep over several workloads is judged per workload (e.g. prefix caching per prefix share).
+        for s in whole.split_by_workload() if whole.workload_varies else [whole]:
+            v = s.varied
+            if s.n_ok == 0:
+                continue
+            if len(v) == 1:
+                single.setdefault(v[0], []).append(s)
+            elif len(v) > 1:
+                bundles += compare_bundle(s, sc, slo)
+            else:
+                context.append(s.label)
 
     decisions: list[dict] = []
     for setting in sorted(single):
-        cands = sorted(single[setting], key=lambda s: (-_match_score(s, sc), -s.n_ok, s.key))
+        cands = sorted(single[setting], key=lambda s: (-_match_score(s, sc), -s.n_ok, s.label))
+        top = [c for c in cands if _match_score(c, sc) == _match_score(cands[0], sc)]
+        found = [decide_setting(c, setting, sc, slo, dflt, base) for c in top]
         d = dict.fromkeys(DECISION_KEYS)
-        d.update(decide_setting(cands[0], setting, sc, slo, dflt, base))
-        d["also_in"] = [s.key for s in cands[1:]]
+        d.update(found[0])
+        d["also_in"] = [s.label for s in cands if all(s is not t for t in top)]
+        if len(found) > 1:
+            # Equally suited evidence (several workloads, several sweeps) must agree to change.
+            d["per_workload"] = [
+                {
+                    "evidence": c.label,
+                    "status": x["status"],
+                    "best": x.get("best"),
+                    "best/default": (x.get("vs_default") or {}).get("ratio"),
+                }
+                for c, x in zip(top, found, strict=True)
+            ]
+            outcomes = {(x["changed"], json.dumps(x["value"], default=str)) for x in found}
+            if len(outcomes) > 1:
+                d.update(
+                    changed=False,
+                    value=None,
+                    status="kept: evidence disagrees",
+                    reason="equally suited sweeps disagree: "
+                    + "; ".join(
+                        f"{c.label}: {x['status']}" for c, x in zip(top, found, strict=True)
+                    ),
+                )
         if setting in POLICY:
             if d.get("changed"):
                 d["measured_best"] = d["value"]
@@ -764,11 +855,20 @@ def choose(
     changed = {d["setting"]: d["value"] for d in decisions if d["changed"]}
     settings = {**base, **changed}
     failed = [s.key for s in sweeps if s.n_ok == 0]
-    missing = [
-        f"no evidence for {topic} in this run: {name} kept at vLLM's default"
-        for name, topic in TOPICS.items()
-        if name not in single
-    ]
+    missing = []
+    for name, topic in TOPICS.items():
+        if name in single:
+            continue
+        with_others = sorted(
+            {f"{b['notebook']}/{b['sweep']}" for b in bundles if name in b["settings"]}
+        )
+        if with_others:
+            missing.append(
+                f"no evidence for {topic} on its own in this run (varied only together with other"
+                f" settings in {', '.join(with_others)}): {name} kept at vLLM's default"
+            )
+        else:
+            missing.append(f"no evidence for {topic} in this run: {name} kept at vLLM's default")
     return {
         "scenario": sc.name,
         "scenario_title": sc.title,
@@ -790,6 +890,18 @@ def choose(
     }
 
 
+def evidence_sweep(sweeps: list[Sweep], decision: dict) -> Sweep | None:
+    """The sweep (or the workload part of one) a decision was made on."""
+    for s in sweeps:
+        if s.notebook == decision.get("notebook") and s.name == decision.get("sweep"):
+            if not decision.get("part"):
+                return s
+            for p in s.split_by_workload():
+                if p.part == decision["part"]:
+                    return p
+    return None
+
+
 def decisions_table(choice: dict):
     """One row per setting: the decision, the value, the evidence and the gap to the runner-up."""
     import pandas as pd
@@ -804,7 +916,8 @@ def decisions_table(choice: dict):
                 "decision": d["status"],
                 "value": _fmt(d["value"]) if d["changed"] else "vLLM default",
                 "best measured": d.get("best"),
-                "evidence": f"{d['notebook']}/{d['sweep']}",
+                "evidence": f"{d['notebook']}/{d['sweep']}"
+                + (f" [{d['part']}]" if d.get("part") else ""),
                 "metric": d.get("metric"),
                 "best/default": round(vs["ratio"], 3) if vs.get("ratio") is not None else None,
                 "runner-up": d.get("runner_up"),
@@ -831,6 +944,10 @@ def decisions_table(choice: dict):
     return pd.DataFrame(rows, columns=cols)
 
 
+def _where(d: dict) -> str:
+    return f"{d['notebook']}/{d['sweep']}" + (f" [{d['part']}]" if d.get("part") else "")
+
+
 def recommendation_text(choice: dict, html: bool = False) -> str:
     """The recommendation in a few lines (plain text, or HTML for the explorer)."""
     lines = [
@@ -842,13 +959,13 @@ def recommendation_text(choice: dict, html: bool = False) -> str:
         for d in choice["decisions"]:
             if d["changed"]:
                 lines.append(
-                    f"Set {d['setting']} = {_fmt(d['value'])}: {d['reason']} [{d['notebook']}/{d['sweep']}]."
+                    f"Set {d['setting']} = {_fmt(d['value'])}: {d['reason']} [{_where(d)}]."
                 )
     else:
         lines.append("Keep vLLM's defaults: no measured setting beat its default beyond the noise.")
     for d in choice["decisions"]:
         if not d["changed"]:
-            lines.append(f"{d['setting']}: {d['status']} [{d['notebook']}/{d['sweep']}].")
+            lines.append(f"{d['setting']}: {d['status']} [{_where(d)}].")
     lines += [m[0].upper() + m[1:] + "." for m in choice["missing"]]
     if not html:
         return "\n".join(lines)
@@ -955,9 +1072,7 @@ def _header(choice: dict, comment: str = "#") -> str:
         lines.append("SLO: " + ", ".join(f"{k} <= {v:g}" for k, v in choice["slo"].items()))
     for d in choice.get("decisions", []):
         if d.get("changed"):
-            lines.append(
-                f"{d['setting']}={_fmt(d['value'])}: {d['notebook']}/{d['sweep']} ({d['status']})"
-            )
+            lines.append(f"{d['setting']}={_fmt(d['value'])}: {_where(d)} ({d['status']})")
     if not choice.get("changed"):
         lines.append("no measured setting beat vLLM's default beyond the noise: defaults kept")
     for k in choice.get("base_settings", {}):

@@ -1,0 +1,455 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.16.0
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Assemble a configuration from the evidence
+#
+# **Question.** Which vLLM settings should a deployment use for a given scenario (high-concurrency
+# chat, long documents, low latency, high throughput; the article's presets, C11), under a stated
+# SLO, and how strong is the evidence for each one? Does the result beat vLLM's defaults, and the
+# article's configuration, when they run side by side?
+#
+# **Method.** This notebook reads only the saved results of notebooks 00-03 (point JSONs and
+# `summary.csv` under the run folder); it never restarts an engine to choose. It starts from
+# vLLM's defaults (plus the profile's platform settings, such as the KV size the CPU backend needs)
+# and changes a setting only when a sweep that varied that setting alone shows a value better than
+# vLLM's default for the scenario's objective *beyond the noise*: over at least two engine starts
+# per configuration, the min-max ranges must not overlap (`tunebook.metrics.compare`) and must lie
+# apart by at least the wider range (two samples a side from one distribution fail to overlap one
+# time in three), and the SLO (p99 TTFT, median TPOT) must hold. Each setting's decision names
+# its notebook, sweep and figure, and whether the runner-up is within noise. The configuration is
+# written as `serve.sh`, `serve.yaml` (for `vllm serve --config`), `llm_kwargs.py` and
+# `choice.json`, and both command forms are parsed with the installed vLLM's own argument parser. Then the only engine use here:
+# the chosen configuration, vLLM's default and the article's configuration run side by side on the
+# scenario's workload, repeats interleaved (A B C A B C), reported as ratios with spreads.
+# Last, the claims ledger of the whole run.
+#
+# **Expected outcome.** Few settings clear the bar. vLLM's defaults are already tuned for common
+# cases (prefix caching on, chunked prefill, a large token budget per step), and engine-to-engine
+# noise is large, so "keep the default" should be the usual answer, with the reason recorded. The
+# article's configuration should be no better than the defaults; it lowers
+# `max_num_batched_tokens` (C8). On the CPU profile (a tiny model, dummy weights, a shared
+# two-core machine) the speed figures describe the harness rather than a GPU.
+
+# %%
+import json
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import tunebook.assemble as assemble
+import tunebook.claims as claims
+import tunebook.engine as engine
+import tunebook.serve as serve
+import tunebook.workbook
+from IPython.display import Markdown, display
+from tunebook.explorer import Explorer, decision_figure, ratio_bars
+from tunebook.model import GIB, load_shape
+from tunebook.profiles import NOTEBOOKS
+
+pd.set_option("display.width", 200)
+pd.set_option("display.max_columns", 30)
+pd.set_option("display.max_colwidth", 160)
+
+# %% tags=["parameters"]
+run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
+model: str = (
+    "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
+)
+engine_settings: dict = {
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 67108864,
+    "max_model_len": 2048,
+}  # vLLM EngineArgs for every engine here
+engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
+repeats: int = 2  # engine starts per configuration, interleaved A B A B
+isolate: bool = False  # one child process per engine (a crash fails only its point)
+scenario: str = "high_concurrency_chat"  # one of high_concurrency_chat, long_documents, low_latency, high_throughput
+slo_ttft_ms: float = 2000.0  # SLO: p99 time to first token, ms (per request for goodput)
+slo_tpot_ms: float = 200.0  # SLO: median time per output token, ms (per request for goodput)
+validate: bool = True  # run the side-by-side validation (the only engine use in this notebook)
+validation_workload: dict = {}  # keys merged over the scenario's validation workload, e.g. {"num_requests": 16}
+validation_mode: str = (
+    "offline"  # "offline" (LLM.generate, all at once) or "online" (AsyncLLM, streamed)
+)
+claim_model: str = (
+    "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
+)
+card_sizes_gib: list = [
+    8,
+    12,
+    16,
+    24,
+    48,
+    80,
+    141,
+]  # device memory of cards for the C13 arithmetic, GiB
+
+# %% [markdown]
+# Derived values: the scenario, the SLO, the output folder, the platform (imports vLLM once, so
+# that its start-up messages land here and not in later cells).
+
+# %%
+if scenario not in assemble.SCENARIOS:
+    raise ValueError(
+        f"scenario {scenario!r} unknown; choose one of {', '.join(assemble.SCENARIOS)}"
+    )
+sc = assemble.SCENARIOS[scenario]
+if validation_mode not in ("offline", "online"):
+    raise ValueError(f"validation_mode must be 'offline' or 'online', got {validation_mode!r}")
+slo = {"ttft_ms": float(slo_ttft_ms), "tpot_ms": float(slo_tpot_ms)}
+out_dir = Path(run_dir) / "04_assemble_config"
+out_dir.mkdir(parents=True, exist_ok=True)
+os.environ.update({k: str(v) for k, v in engine_env.items()})
+platform = engine.platform_name()
+print(f"scenario: {sc.name} ({sc.title})")
+print(f"objective: {sc.describe()}")
+print(f"SLO: p99 TTFT <= {slo_ttft_ms:g} ms, median TPOT <= {slo_tpot_ms:g} ms")
+print(f"platform: {platform}, vLLM {engine.vllm_version()}, model {model}")
+
+# %% [markdown]
+# ## 1. The evidence on disk
+#
+# Every sweep the earlier notebooks saved in this run, what it varied and how many of its points
+# succeeded. A sweep that varied one setting alone can decide that setting; one that changed
+# several at once (the article's bundle in 00) is reported as a comparison; one that varied only
+# the workload (prompt length in 03) is context.
+
+# %%
+sweeps = assemble.discover(run_dir)
+display(assemble.inventory(sweeps))
+for nb in NOTEBOOKS[:4]:
+    if not (Path(run_dir) / nb).is_dir():
+        print(f"no results of {nb} in this run")
+if not sweeps:
+    print("no saved sweeps in this run: every setting stays at vLLM's default")
+
+# %% [markdown]
+# ## 2. The choice, setting by setting
+#
+# For each setting that a sweep varied alone: the scenario's metric per value (median over engine
+# starts), the best value that meets the SLO, the gap to vLLM's default and to the runner-up, and
+# the decision. Goodput is recomputed from the saved per-request timings under this notebook's
+# SLO (a request counts when its TTFT and TPOT are both within the limits).
+
+# %%
+choice = assemble.choose(sweeps, sc.name, slo, engine_settings)
+print(assemble.recommendation_text(choice))
+display(assemble.decisions_table(choice))
+
+# %% [markdown]
+# The figure behind each decision (median bar, min-max whiskers over engine starts; grey: vLLM's
+# default, green: the value kept or chosen).
+
+# %%
+for i, d in enumerate(choice["decisions"], 1):
+    fig = decision_figure(d, assemble.evidence_sweep(sweeps, d), slo)
+    if fig is None:
+        print(f"{d['setting']}: {d['status']} ({d['reason']})")
+        continue
+    fig.update_layout(title=f"Figure 4.{i}. {d['figure']} ({d['status']})")
+    d["figure"] = f"Figure 4.{i} of 04_assemble_config: {d['figure']}"
+    fig.show()
+
+# %% [markdown]
+# Sweeps that changed several settings at once cannot credit any single one; here is how each
+# bundle compared with the plainest configuration of its sweep, on the scenario's metric.
+
+# %%
+bundles = pd.DataFrame(choice["bundles"])
+if len(bundles):
+    bundles["settings"] = bundles["settings"].map(
+        lambda s: ", ".join(f"{k}={v}" for k, v in s.items())
+    )
+    display(bundles)
+else:
+    print("no multi-setting comparisons in this run")
+
+# %% [markdown]
+# ## 3. The configuration, written
+#
+# `serve.sh` (`vllm serve <model> --flag value ...`, flags spelled as vLLM's CLI spells them),
+# `serve.yaml` (`vllm serve --config serve.yaml`, keys are CLI option names), `llm_kwargs.py`
+# (`LLM(**kwargs)`) and `choice.json` (settings and the evidence for each). The model path is the
+# one measured (dummy weights when the folder has none): replace it with the real checkpoint.
+#
+# A YAML detail worth knowing: vLLM 0.32 silently drops `enable-prefix-caching: false` from a
+# config file (it looks for `--no-enable-prefix-caching` on the top-level parser, which lacks it),
+# so the default would win. The writer spells a false boolean as `no-enable-prefix-caching: true`.
+
+# %%
+kwargs = assemble.deploy_kwargs(model, choice["settings"])
+files = assemble.write_config(out_dir, choice, kwargs, env=engine_env, served_model_name=model)
+for name in ("serve.sh", "serve.yaml"):
+    print(f"----- {files[name]}")
+    print(files[name].read_text())
+
+# %% [markdown]
+# The structure of what was written (file names and keys; the values depend on the measurements)
+# and, for a fixed synthetic configuration, the command and YAML the writers produce.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(json.dumps(assemble.structure(files), indent=1))
+demo = {
+    "model": "tiny-ernie",
+    "block_size": 64,
+    "enable_prefix_caching": False,
+    "enforce_eager": True,
+    "max_num_seqs": 128,
+    "compilation_config": {"mode": 0},
+}
+print(assemble.serve_command(demo, served_model_name="tiny-ernie"))
+print(assemble.yaml_config(demo, served_model_name="tiny-ernie"))
+
+# %% [markdown]
+# Both forms, parsed by the installed vLLM's own `vllm serve` parser, must mean the settings of
+# `llm_kwargs.py` (a misspelt flag or a dropped boolean fails here, not at deployment).
+
+# %%
+ns_sh = serve.parse_serve_args(serve.serve_sh_args(files["serve.sh"]))
+ns_yaml = serve.parse_serve_args(["--config", str(files["serve.yaml"])])
+rows = []
+for k, v in kwargs.items():
+    if isinstance(v, dict | list):
+        continue  # JSON-valued settings parse into config objects; compared by vLLM at start
+    rows.append(
+        {"setting": k, "llm_kwargs": v, "serve.sh": ns_sh.get(k), "serve.yaml": ns_yaml.get(k)}
+    )
+parsed = pd.DataFrame(rows)
+display(parsed)
+mismatch = parsed[
+    (parsed["serve.sh"] != parsed["llm_kwargs"]) | (parsed["serve.yaml"] != parsed["llm_kwargs"])
+]
+assert mismatch.empty, f"serve files do not mean the chosen settings:\n{mismatch}"
+print("serve.sh, serve.yaml and llm_kwargs.py agree under vLLM's parser:", mismatch.empty)
+
+# %% [markdown]
+# ## 4. Validation: chosen vs default vs the article, side by side
+#
+# The only engine use in this notebook. Three configurations on the scenario's workload, one
+# engine start per point, repeats interleaved. The article's configuration is the one the
+# installed vLLM can run: its nonexistent settings dropped (C9) and, on CPU, block size 32 for 16.
+# When nothing was changed, "chosen" equals "default" and the pair measures the noise itself.
+
+# %%
+article, article_notes = assemble.article_settings(platform)
+print("article's configuration as run:", article)
+for n in article_notes:
+    print(" -", n)
+workload = {**sc.workload, **validation_workload}
+configs = {
+    "chosen": {"settings": dict(choice["changed"])},
+    "default": {},
+    "article": {"settings": article},
+}
+sweep_name = f"validate-{sc.name}-{assemble.config_hash([configs, workload, validation_mode, slo, engine_settings])}"
+print("workload:", workload)
+print("sweep:", sweep_name)
+
+# %%
+if validate:
+    wb = tunebook.workbook.Workbook(
+        run_dir, "04_assemble_config", model, engine_settings, engine_env, isolate=isolate
+    )
+    t0 = time.perf_counter()
+    val = wb.sweep(
+        sweep_name,
+        configs,
+        workload,
+        repeats=repeats,
+        mode=validation_mode,
+        slo=slo,
+        warmup_requests=2,
+    )
+    print(f"validation: {len(val)} points in {time.perf_counter() - t0:.0f} s")
+    failed = val[val["status"] != "ok"] if len(val) else val
+    if len(failed):
+        display(failed[["point_id", "error"]])
+else:
+    val = pd.DataFrame()
+    print("validation skipped (validate=False)")
+
+# %% [markdown]
+# Medians, min-max over engine starts, and each configuration's ratio to vLLM's default; "within
+# noise" means the ranges overlap (or a side has a single run), so the gap is not evidence.
+
+# %%
+if len(val) and (val["status"] == "ok").any():
+    vt = assemble.validation_table(val, reference="default")
+    display(vt.round(3))
+    fig = ratio_bars(
+        vt,
+        reference="default",
+        title=f"Figure 4.V. {sc.name}: chosen and article relative to vLLM's default (median, min-max)",
+    )
+    fig.show()
+    objective = next((m for m, _ in sc.objectives if m in set(vt["metric"])), None)
+    if not choice["changed"]:
+        aa = vt[(vt["config"] == "chosen") & (vt["within noise"] == False)]  # noqa: E712
+        print(
+            "A/A check: 'chosen' is vLLM's default itself;"
+            + (
+                f" still {len(aa)} metric(s) differ beyond the min-max ranges ({', '.join(aa['metric'])}):"
+                f" with {repeats} repeats the range test alone gives false alarms, so read gaps of this size as noise."
+                if len(aa)
+                else " no metric differs beyond the min-max ranges."
+            )
+        )
+else:
+    vt, objective = pd.DataFrame(), None
+    print("no validation results")
+
+# %% [markdown]
+# ## 5. Claims
+#
+# C11 (scenario presets) and C13 (presets by card memory) are judged here. For C13 the split of
+# a card's memory follows from the model's arithmetic: weights, then KV at 18,432 B per token for
+# ERNIE-4.5-0.3B in bf16. The table is an upper bound (activations and graphs also take memory;
+# the engine reports its own KV size at start).
+
+# %%
+cshape = load_shape(claim_model)
+per_tok = cshape.kv_bytes_per_token()
+cards = []
+for gib in card_sizes_gib:
+    for gmu in (0.85, 0.9):
+        kv = gib * GIB * gmu - cshape.weight_bytes()
+        cards.append(
+            {
+                "card GiB": gib,
+                "gpu_memory_utilization": gmu,
+                "weights GiB": round(cshape.weight_bytes() / GIB, 2),
+                "KV tokens (upper bound)": int(max(kv, 0) // per_tok),
+                "4096-token requests": int(max(kv, 0) // (per_tok * 4096)),
+            }
+        )
+cards = pd.DataFrame(cards)
+display(cards)
+
+
+# %%
+def _ratio(cfg: str, metric: str):
+    if vt.empty or metric is None:
+        return None
+    r = vt[(vt["config"] == cfg) & (vt["metric"] == metric)]
+    return None if r.empty else r.iloc[0]
+
+
+art = _ratio("article", objective)
+cho = _ratio("chosen", objective)
+n_changed = len(choice["changed"])
+if art is not None:
+    art_txt = (
+        f"article's configuration at {art['ratio vs default']:.3g}x the default's {objective}"
+        f" ({'within noise' if art['within noise'] else 'beyond noise'}, n={int(art['n'])})"
+    )
+else:
+    art_txt = "no validation of the article's configuration in this run"
+noise = "within noise" if cho is not None and cho["within noise"] else "beyond noise"
+if cho is None:
+    cho_txt = "chosen not validated"
+elif not choice["changed"]:
+    cho_txt = (
+        f"chosen = vLLM's default, so two runs of one configuration differ by {cho['ratio vs default']:.3g}x"
+        f" ({noise}): the noise floor of this machine"
+    )
+else:
+    cho_txt = f"chosen at {cho['ratio vs default']:.3g}x the default's {objective} ({noise})"
+verdicts = [
+    claims.verdict(
+        "C11",
+        "partly" if sweeps else "inconclusive",
+        f"{sc.name}: {n_changed} setting(s) changed from vLLM's defaults; {cho_txt}; {art_txt}",
+        f"04_assemble_config/{sweep_name}; choice.json",
+        spread=(f"min-max over {repeats} engine starts per configuration" if len(vt) else None),
+        note=(
+            "Presets per scenario are worth having, but they should come from measurements under a "
+            "stated SLO, not be copied: a setting changes only when its sweep beats vLLM's default "
+            f"beyond the noise. {len(choice['missing'])} topic(s) had no evidence in this run."
+        ),
+    ),
+    claims.verdict(
+        "C13",
+        "partly",
+        "; ".join(
+            f"{r['card GiB']} GiB: {r['KV tokens (upper bound)']:,} KV tokens"
+            for r in cards[cards["gpu_memory_utilization"] == 0.9].to_dict("records")
+            if r["card GiB"] in (16, 24, 80)
+        )
+        + " (gmu 0.9, upper bound)",
+        "04_assemble_config (arithmetic on the model config)",
+        note=(
+            f"{claim_model} weighs {cshape.weight_bytes() / GIB:.2f} GiB: on any card of 8 GiB or more "
+            "the memory split is almost all KV cache, so per-card presets differ in KV capacity "
+            "(how many sequences of what length fit), which follows from arithmetic and the engine's "
+            f"own report, not in other settings. Measured here only on {platform}."
+        ),
+    ),
+]
+claims.write(run_dir, "04_assemble_config", verdicts)
+ledger = claims.read_all(run_dir)
+display(claims.table(ledger))
+
+# %% [markdown]
+# ## 6. Explorer
+#
+# Change the scenario, the SLO, the sweep and metric to plot, and the configurations to compare:
+# the recommendation and the figure are recomputed from the saved results (no engine starts).
+# What this notebook printed above comes from its parameters, not from these controls.
+
+# %%
+extra = [
+    s
+    for s in [assemble.load_sweep_dir(out_dir / sweep_name, "04_assemble_config")]
+    if s is not None
+]
+explorer = Explorer(
+    run_dir,
+    scenario=sc.name,
+    slo_ttft_ms=slo_ttft_ms,
+    slo_tpot_ms=slo_tpot_ms,
+    base_settings=engine_settings,
+    model=model,
+    sweeps=sweeps,
+    extra_sweeps=extra,
+)
+display(explorer.widget)
+
+# %% [markdown]
+# ## Summary
+
+# %%
+lines = [
+    f"**Scenario** {sc.name}: {sc.describe()}; SLO p99 TTFT <= {slo_ttft_ms:g} ms, median TPOT <= {slo_tpot_ms:g} ms."
+]
+if choice["changed"]:
+    lines.append(
+        "**Changed from vLLM's defaults:** "
+        + ", ".join(f"`{k}={v}`" for k, v in choice["changed"].items())
+        + "."
+    )
+else:
+    lines.append(
+        "**Changed from vLLM's defaults:** nothing; no measured setting beat its default beyond the noise."
+    )
+for d in choice["decisions"]:
+    lines.append(f"- `{d['setting']}`: {d['status']} ({d['notebook']}/{d['sweep']}). {d['reason']}")
+lines += [f"- {m}." for m in choice["missing"]]
+lines.append(f"**Validation:** {cho_txt}; {art_txt}.")
+lines.append(
+    f"**Files:** {', '.join(f'`{p}`' for p in files.values())}. Check it: `python -m tunebook.serve {files['serve.yaml']} --check`."
+)
+display(Markdown("\n".join(lines)))
