@@ -460,7 +460,8 @@ def c7_verdict(
     t_lo, t_hi = float(np.median(t[lo_sel])), float(np.median(t[hi_sel]))
     s_lo, s_hi = float(np.median(s[lo_sel])), float(np.median(s[hi_sel]))
     figure = (
-        f"TTFT {_fmt_ms(t_lo)} at ~{s_lo:.0f} tokens -> {_fmt_ms(t_hi)} at ~{s_hi:.0f} tokens"
+        f"prefill alone {_fmt_ms(t_lo)} at ~{s_lo:.0f} tokens -> {_fmt_ms(t_hi)} at ~{s_hi:.0f}"
+        f" tokens"
         f" (x{t_hi / t_lo:.1f} for x{s_hi / s_lo:.0f} tokens); RMS residual linear+quadratic"
         f" {q.rms_rel_pct:.1f}% vs constant+exponential {e.rms_rel_pct:.1f}% (fit on the shorter"
         f" half, error on the longer: {_pct(q.extrap_rms_rel_pct)} vs {_pct(e.extrap_rms_rel_pct)})"
@@ -544,25 +545,33 @@ def c8_verdict(
     }
     if good not in values:
         return verdict("C8", "inconclusive", f"{good} was not swept", evidence)
-    parts, worse, better_any = [], [], False
+    parts, worse, beats = [], [], []
     for name, (c, low) in metrics.items():
-        med = {v: spread(_series(df, c, col, v))["median"] for v in values}
+        series = {v: _series(df, c, col, v) for v in values}
+        med = {v: spread(x)["median"] for v, x in series.items()}
         best = min(med, key=med.get) if low else max(med, key=med.get)
-        cmp = separation(_series(df, c, col, best), _series(df, c, col, good))
         unit = "tok/s" if "throughput" in name else "ms"
         if best == good:
-            parts.append(f"{name}: {good} is best ({med[good]:.1f} {unit})")
-            better_any = True
+            # how 2048 fares against every other value: does the sweep resolve anything?
+            gaps = {v: separation(series[good], x) for v, x in series.items() if v != good}
+            won = [int(v) for v, g in gaps.items() if not g["within_noise"]]
+            beats += won
+            parts.append(
+                f"{name}: {good} is best ({med[good]:.1f} {unit}; beyond noise against"
+                f" {', '.join(map(str, won)) or 'none'})"
+            )
         else:
-            tag = noise_tag(cmp)
+            cmp = separation(series[best], series[good])
             parts.append(
                 f"{name}: best {int(best)} ({med[best]:.1f} {unit}), {good} {med[good]:.1f} {unit}"
-                f" ({tag})"
+                f" ({noise_tag(cmp)})"
             )
             if not cmp["within_noise"]:
                 worse.append(name)
+    # confirmed: never beaten beyond the noise, and better than some value beyond it;
+    # inconclusive: nothing resolved either way; partly / refuted: beaten on some / every metric.
     if not worse:
-        v = "confirmed" if better_any else "inconclusive"
+        v = "confirmed" if beats else "inconclusive"
     elif len(worse) < len(metrics):
         v = "partly"
     else:
