@@ -119,7 +119,9 @@ def run_sweep(
         elif executor == "ray":
             from .ray_executor import run_points_ray
 
-            run_points_ray(todo, finish, timeout_s=timeout_s)
+            run_points_ray(
+                todo, finish, timeout_s=timeout_s, isolate=isolate, log_dir=sweep.root / "logs"
+            )
         else:
             raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}", key="executor")
     finally:

@@ -9,6 +9,7 @@ resumes if the folder already holds finished points.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ class Workbook:
     engine_env: dict = field(default_factory=dict)
     isolate: bool = True
     progress: bool = True
-    executor: str = "local"
+    executor: str = field(default_factory=lambda: os.environ.get("TUNEBOOK_EXECUTOR", "local"))
 
     def __post_init__(self):
         self.root = Path(self.run_dir) / safe_name(self.notebook, "notebook")
