@@ -139,7 +139,10 @@ def _check_ranges(s: dict, platform: str, source: str | None) -> None:
             bad(name, "must be a positive integer")
     g = s.get("gpu_memory_utilization")
     if g is not None and not (isinstance(g, int | float) and 0 < g <= 1):
-        bad("gpu_memory_utilization", "must be in (0, 1]: the fraction of device memory vLLM may use")
+        bad(
+            "gpu_memory_utilization",
+            "must be in (0, 1]: the fraction of device memory vLLM may use",
+        )
     bs = s.get("block_size")
     if bs is not None:
         if platform == "cpu" and bs % CPU_BLOCK_MULTIPLE:

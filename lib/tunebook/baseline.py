@@ -1,0 +1,270 @@
+"""Notebook 00's helpers: the article's settings checked one by one, made runnable, and compared.
+
+The article (seed/) gives a "tuned" configuration. Some of its settings do not exist in vLLM and
+one is invalid on some backends. Nothing here drops a setting silently: every change comes back
+as a row saying what was changed and why, and the notebook shows it.
+
+Also here: ``points_frame`` (a sweep's full point results as one DataFrame, with the engine's
+capacity and device memory, which summary.csv leaves out) and the side-by-side tables of two
+configurations with their spread over engine starts.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .errors import ConfigError
+from .metrics import compare, spread
+from .model import GIB, ModelShape
+
+# The article's final configuration, as written (seed, section 6, and the scheduler tip of 5.3).
+ARTICLE_SETTINGS: dict = {
+    "gpu_memory_utilization": 0.85,
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 256,
+    "block_size": 16,
+    "enable_prefix_caching": True,
+    "max_paddings": 128,
+    "scheduler_policy": "hybrid",
+}
+
+
+# --------------------------------------------------------------------------- settings, one by one
+def vllm_reaction(name: str, value) -> str:
+    """What vLLM's own EngineArgs says to the setting alone (bypassing tunebook's checks)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        EngineArgs(model="unused", **{name: value})
+    except TypeError as e:
+        return f"TypeError: {e}".replace("EngineArgs.__init__() ", "")
+    except Exception as e:  # noqa: BLE001 - any rejection is the answer
+        return f"{type(e).__name__}: {e}"[:300]
+    return "accepted by EngineArgs (checked later, at engine start)"
+
+
+def check_each(settings: dict, with_vllm: bool = True) -> list[dict]:
+    """Validate every setting on its own, so that one bad name does not hide the next.
+
+    Returns rows ``{setting, value, valid, error, vllm}``: ``error`` is tunebook's ConfigError
+    message (None when valid), ``vllm`` what the installed EngineArgs does with it.
+    """
+    from .knobs import validate_settings
+
+    rows = []
+    for name, value in settings.items():
+        try:
+            validate_settings({name: value})
+            err = None
+        except ConfigError as e:
+            err = str(e)
+        row = {"setting": name, "value": value, "valid": err is None, "error": err}
+        if with_vllm:
+            row["vllm"] = vllm_reaction(name, value)
+        rows.append(row)
+    return rows
+
+
+def runnable_settings(
+    settings: dict, platform: str, base_settings: dict | None = None
+) -> tuple[dict, list[dict]]:
+    """The settings that can run here, and one row per change made to get them.
+
+    * a name vLLM does not have (max_paddings, scheduler_policy) is dropped;
+    * a block_size the platform's attention backend rejects becomes the smallest valid size above
+      it (CPU: 16 -> 32);
+    * any other invalid value is dropped;
+    * gpu_memory_utilization is kept but flagged when ``base_settings`` fixes the KV size with
+      kv_cache_memory_bytes (which vLLM then uses instead, CPU included).
+    """
+    from .knobs import valid_block_sizes
+
+    rows = check_each(settings, with_vllm=False)
+    out: dict = {}
+    changes: list[dict] = []
+    for r in rows:
+        name, value = r["setting"], r["value"]
+        if r["valid"]:
+            out[name] = value
+            continue
+        if name == "block_size" and isinstance(value, int) and value > 0:
+            ok = [b for b in valid_block_sizes(platform, candidates=(16, 32, 64, 128, 256)) if b >= value]
+            if ok:
+                out[name] = ok[0]
+                changes.append(
+                    {"setting": name, "article": value, "run with": ok[0], "why": r["error"]}
+                )
+                continue
+        changes.append({"setting": name, "article": value, "run with": "(dropped)", "why": r["error"]})
+    base = base_settings or {}
+    if "gpu_memory_utilization" in out and base.get("kv_cache_memory_bytes"):
+        changes.append(
+            {
+                "setting": "gpu_memory_utilization",
+                "article": out["gpu_memory_utilization"],
+                "run with": out["gpu_memory_utilization"],
+                "why": (
+                    f"kept, but kv_cache_memory_bytes={base['kv_cache_memory_bytes']} in"
+                    " engine_settings sizes the KV cache instead: on this profile it does not"
+                    " change capacity"
+                ),
+            }
+        )
+    return out, changes
+
+
+# --------------------------------------------------------------------------- results as frames
+def points_frame(results: list[dict]):
+    """One row per point: identity, settings, metrics, plus engine capacity and device memory."""
+    import pandas as pd
+
+    from .results import flatten
+
+    rows = []
+    for p in results:
+        row = flatten(p)
+        for k, v in (p.get("capacity") or {}).items():
+            row[f"cap_{k}"] = v
+        for k, v in (p.get("memory") or {}).items():
+            row[k] = v
+        row["engine_start_s"] = p.get("engine_start_s")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if len(df) and "repeat" in df:
+        df = df.sort_values(["config", "repeat"], kind="stable").reset_index(drop=True)
+    return df
+
+
+# What the baseline table shows, in order: (column, label).
+BASELINE_METRICS: list[tuple[str, str]] = [
+    ("e2e_mean_ms", "latency per request, mean (ms)"),
+    ("per_request_article_s", "article's 'per request' = run time / requests (s)"),
+    ("ttft_p50_ms", "TTFT p50 (ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("tpot_p50_ms", "TPOT p50 (ms)"),
+    ("tpot_p99_ms", "TPOT p99 (ms)"),
+    ("output_throughput_tok_s", "output tokens/s"),
+    ("request_throughput_rps", "QPS (requests/s)"),
+    ("device_memory_used_gib", "device memory used (GiB)"),
+    ("cap_kv_capacity_tokens", "KV capacity (tokens)"),
+]
+
+
+def add_derived(df):
+    """Columns the tables need that the sweep does not store directly."""
+    df = df.copy()
+    if "duration_s" in df and "num_requests" in df:
+        df["per_request_article_s"] = df["duration_s"] / df["num_requests"]
+    return df
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    ax = abs(x)
+    if ax >= 1000:
+        return f"{x:,.0f}"
+    if ax >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}"
+
+
+def side_by_side(frames: dict, a: str, b: str, metrics=BASELINE_METRICS):
+    """Per workload and metric: median [min-max] of each config, ratio b/a, within the noise?
+
+    ``frames`` maps a workload name to its points_frame. A metric missing for a config (device
+    memory on CPU) shows n/a.
+    """
+    import pandas as pd
+
+    rows = []
+    for wl, df in frames.items():
+        df = add_derived(df)
+        ok = df[df["status"] == "ok"] if "status" in df else df
+        for col, label in metrics:
+            if col not in ok:
+                continue
+            va = ok.loc[ok["config"] == a, col].dropna().astype(float).tolist()
+            vb = ok.loc[ok["config"] == b, col].dropna().astype(float).tolist()
+            if not va and not vb:
+                continue
+            sa, sb = spread(va), spread(vb)
+            c = compare(va, vb) if va and vb else {"ratio": float("nan"), "within_noise": None}
+            rows.append(
+                {
+                    "workload": wl,
+                    "metric": label,
+                    a: f"{_fmt(sa['median'])} [{_fmt(sa['min'])}-{_fmt(sa['max'])}]",
+                    b: f"{_fmt(sb['median'])} [{_fmt(sb['min'])}-{_fmt(sb['max'])}]",
+                    f"{b}/{a}": round(c["ratio"], 3) if not math.isnan(c["ratio"]) else None,
+                    "within noise": c["within_noise"],
+                    "n": f"{sa['n']}/{sb['n']}",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def comparison(frames: dict, a: str, b: str, col: str) -> dict:
+    """metrics.compare of one column between configs, per workload: {workload: compare(...)}."""
+    out = {}
+    for wl, df in frames.items():
+        df = add_derived(df)
+        ok = df[df["status"] == "ok"] if "status" in df else df
+        if col not in ok:
+            continue
+        va = ok.loc[ok["config"] == a, col].dropna().astype(float).tolist()
+        vb = ok.loc[ok["config"] == b, col].dropna().astype(float).tolist()
+        if va and vb:
+            out[wl] = compare(va, vb)
+    return out
+
+
+def effective_settings(frames: dict, knobs=("gpu_memory_utilization", "max_num_batched_tokens",
+                                          "max_num_seqs", "block_size", "enable_prefix_caching",
+                                          "kv_capacity_tokens")):
+    """What each configuration ran with, as the engine resolved it (one row per config)."""
+    import pandas as pd
+
+    rows = {}
+    for df in frames.values():
+        ok = df[df["status"] == "ok"] if "status" in df else df
+        for _, r in ok.iterrows():
+            rows.setdefault(r["config"], {k: r.get(f"cap_{k}") for k in knobs})
+    return pd.DataFrame(rows).T.rename_axis("config")
+
+
+# --------------------------------------------------------------------------- the article's arithmetic
+def article_qps_from_per_request(per_request_s: float, n_prompts: int = 3) -> dict:
+    """The article's benchmark: (end - start) / len(prompts) over concurrent requests.
+
+    That is run time per request, i.e. 1 / QPS of the run, not the latency of a request. Its
+    3.2 s over 3 prompts is 9.6 s of run time: 0.31 requests/s, not the ~10 QPS it also reports.
+    """
+    run_s = per_request_s * n_prompts
+    return {"per_request_s": per_request_s, "prompts": n_prompts, "run_s": run_s,
+            "implied_qps": n_prompts / run_s}
+
+
+def concurrent_kv_need(shape: ModelShape, n_requests: int, tokens: int, kv_cache_dtype="auto") -> dict:
+    """KV bytes that n requests of ``tokens`` each hold at once (C6's '100 concurrent')."""
+    per_tok = shape.kv_bytes_per_token(kv_cache_dtype)
+    total = n_requests * tokens * per_tok
+    return {"requests": n_requests, "tokens_each": tokens, "bytes_per_token": per_tok,
+            "kv_bytes": total, "kv_gib": total / GIB}
+
+
+def card_kv_space(shape: ModelShape, total_gib: float, gpu_memory_utilization: float,
+                  activation_gib: float = 0.0) -> float:
+    """An upper bound of the KV space (GiB) a card leaves: gmu x total - weights - activations."""
+    return gpu_memory_utilization * total_gib - shape.weight_bytes() / GIB - activation_gib
+
+
+def workload_need(spec: dict, shape: ModelShape, block_size: int) -> dict:
+    """Tokens and KV blocks a workload holds if all its requests run at once."""
+    from .workloads import make_workload
+
+    wl = make_workload(spec, vocab_size=shape.vocab_size)
+    toks = [max(r.prompt_len, 0) + r.max_tokens for r in wl.requests]
+    blocks = sum(-(-t // block_size) for t in toks)
+    return {"requests": len(toks), "tokens": sum(toks), "blocks": blocks,
+            "tokens_max": max(toks, default=0)}
