@@ -68,7 +68,7 @@ sampling: dict = {"temperature": 0.0}  # SamplingParams for every request (greed
 concurrent_workload: dict = {"kind": "fixed", "num_requests": 100, "prompt_len": 128, "output_len": 8, "seed": 4}  # C6: this many requests in flight at once, both configurations
 concurrent_repeats: int = 1  # engine starts per configuration for the concurrent run
 claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C6 arithmetic
-article_card_gib: float = 23.99  # the article's RTX 4090: total device memory (24,564 MiB)
+article_card_gib: float = 23.65  # the article's RTX 4090: total memory as CUDA reports it (what gpu_memory_utilization multiplies)
 claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article's max_model_len)
 
 # %% [markdown]
