@@ -15,7 +15,7 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 echo "setup: installing tunebook ($flavour) into .venv, a few minutes the first time" >&2
 if [[ $flavour == cpu ]]; then
   "${pip[@]}" torch==2.13.0
-  "${pip[@]}" -e ".[cpu,test]"
+  "${pip[@]}" -e ".[cpu,test,ray]"
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 else
   "${pip[@]}" -e ".[gpu,test]"
