@@ -41,6 +41,7 @@ import os
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep outputs readable
 
 import pandas as pd
+
 import tunebook as tb
 import tunebook.baseline as bl
 import tunebook.claims as claims
@@ -137,7 +138,8 @@ print(bl.effective_settings(frames).to_string())
 
 # %% [markdown]
 # Side by side: median [min-max] over engine starts; the ratio is article / default, and
-# "within noise" means the two ranges overlap (the gap is not shown to be real).
+# "within noise" means the two ranges overlap (the gap is not shown to be real); blank when a
+# side has a single engine start.
 
 # %%
 table = bl.side_by_side(frames, "default", "article")
@@ -253,8 +255,7 @@ all_ran = len(ok_conc) == len(conc) and len(conc) > 0
 preempt = int(ok_conc["num_preemptions"].sum()) if len(ok_conc) else None
 cmp_e2e = bl.comparison(frames, "default", "article", "e2e_mean_ms")
 speed_txt = "; ".join(
-    f"{w}: article/default e2e = {c['ratio']:.2f}" + (" (within noise)" if c["within_noise"] else "")
-    for w, c in cmp_e2e.items()
+    f"{w}: article/default e2e = {c['ratio']:.2f} ({bl.noise_word(c)})" for w, c in cmp_e2e.items()
 )
 mem_cmp = bl.comparison(frames, "default", "article", "device_memory_used_gib")
 mem_txt6 = "; ".join(
@@ -269,7 +270,8 @@ v_c6 = claims.verdict(
         f"requests). Here {concurrent_workload['num_requests']} requests at once: "
         + ("ran on both configurations" if all_ran else "FAILED on some engines")
         + f", {preempt} preemptions, peak KV usage "
-        + ", ".join(f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%" for r in ok_conc.itertuples())
+        + ", ".join(f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%" if r.sampled else f"{r.config} not sampled (run < 0.25 s)"
+                    for r in ok_conc.itertuples())
     ),
     spread=speed_txt,
     evidence=str(wb.sweep_dir("concurrent")),

@@ -51,7 +51,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 import math
 
 import pandas as pd
+
 import tunebook as tb
+import tunebook.baseline as bl
 import tunebook.claims as claims
 import tunebook.engine as engine
 import tunebook.kvcache as kv
@@ -198,7 +200,7 @@ tp_fp8 = ok_cap.loc[ok_cap["kv_cache_dtype"] != "auto", "output_throughput_tok_s
 speed_fp8 = metrics.compare(tp_auto, tp_fp8) if tp_auto and tp_fp8 else None
 if speed_fp8:
     print(f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} "
-          f"({'within' if speed_fp8['within_noise'] else 'outside'} the noise; n = {len(tp_auto)} / {len(tp_fp8)})")
+          f"({bl.noise_word(speed_fp8)}; n = {len(tp_auto)} / {len(tp_fp8)})")
 
 # %% [markdown]
 # ## 4. KV pressure
@@ -378,8 +380,8 @@ v_c5 = claims.verdict(
         f"bf16: {agg(fp8d, 'token agreement %')}% (floor, bf16 vs bf16: {agg(floor, 'token agreement %')}%); "
         f"mean |d logprob| {agg(fp8d, 'mean |d logprob| (same context)')} (floor {agg(floor, 'mean |d logprob| (same context)')})"
     ),
-    spread=(f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f}"
-            + (" (within noise)" if speed_fp8["within_noise"] else " (outside the noise)")) if speed_fp8 else None,
+    spread=(f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f} ({bl.noise_word(speed_fp8)})"
+            if speed_fp8 else None),
     evidence=str(wb.sweep_dir("capacity")),
     note=(
         "fp8 halves the bytes per token and the engine holds exactly twice the tokens. Accuracy cannot "

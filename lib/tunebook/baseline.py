@@ -128,6 +128,12 @@ def points_frame(results: list[dict]):
         for k, v in (p.get("memory") or {}).items():
             row[k] = v
         row["engine_start_s"] = p.get("engine_start_s")
+        # Gauge peaks mean something only if the sampler (every 0.25 s) saw the run.
+        row["sampled"] = len(p.get("timeline") or []) > 1
+        if not row["sampled"]:
+            for k in ("kv_cache_usage_peak_pct", "num_requests_running_peak", "num_requests_waiting_peak"):
+                if k in row:
+                    row[k] = None
         rows.append(row)
     df = pd.DataFrame(rows)
     if len(df) and "repeat" in df:
@@ -156,6 +162,13 @@ def add_derived(df):
     if "duration_s" in df and "num_requests" in df:
         df["per_request_article_s"] = df["duration_s"] / df["num_requests"]
     return df
+
+
+def noise_word(c: dict) -> str:
+    """How to read a metrics.compare result: within / outside the noise, or noise unknown."""
+    if min(c["a"]["n"], c["b"]["n"]) < 2:
+        return "noise unknown (one engine start on a side)"
+    return "within the noise" if c["within_noise"] else "outside the noise"
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -190,6 +203,8 @@ def side_by_side(frames: dict, a: str, b: str, metrics=BASELINE_METRICS):
                 continue
             sa, sb = spread(va), spread(vb)
             c = compare(va, vb) if va and vb else {"ratio": float("nan"), "within_noise": None}
+            if min(len(va), len(vb)) < 2:
+                c["within_noise"] = None  # one engine start on a side: the noise is unknown
             rows.append(
                 {
                     "workload": wl,
