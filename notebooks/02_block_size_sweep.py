@@ -40,6 +40,8 @@
 # be shown to exceed the noise before a size is called best.
 
 # %%
+import os
+
 import pandas as pd
 from IPython.display import display
 
@@ -67,6 +69,9 @@ backend_block_size: int = 128  # block_size of the backend comparison
 backend_repeats: int = 1  # engine starts per attention_backend value
 
 # %%
+if not isolate:  # in-process engines log into this notebook; isolated ones log to files, which
+    # must keep vLLM's INFO lines (the attention backend in use is read from them)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "02_block_size_sweep", model, engine_settings, engine_env, isolate=isolate)
 shape = wb.shape
 platform = engine.platform_name()

@@ -43,6 +43,8 @@
 # the load and the card. Halving TTFT in every class with one setting is not expected.
 
 # %%
+import os
+
 import numpy as np
 import pandas as pd
 from IPython.display import display
@@ -79,6 +81,9 @@ peak_tflops: float | None = None  # dense bf16 peak of the device, for the roofl
 hbm_tb_s: float | None = None  # memory bandwidth of the device (TB/s), for the roofline floor
 
 # %%
+if not isolate:  # in-process engines log into this notebook; isolated ones log to files, which
+    # must keep vLLM's INFO lines (the attention backend in use is read from them)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "03_prefill_scaling", model, engine_settings, engine_env, isolate=isolate)
 shape = wb.shape
 platform = engine.platform_name()
@@ -151,13 +156,7 @@ display(fit_table)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for f in fits:
-    print(f"{f.model:>22}: TTFT = {f.formula}")
-for label, c in (("in-sample residual", cmp_in), ("extrapolation to the longer half", cmp_out)):
-    if c["robust"]:
-        print(f"{label}: {c['winner']} fits better in every engine start (by >= 1.5x)")
-    else:
-        print(f"{label}: no robust winner between {c['a']} and {c['b']}")
+print("\n".join(prefill.ranking_lines(fits, cmp_in, cmp_out)))
 
 # %%
 xs = np.linspace(1, curve["prompt_tokens"].max(), 200)

@@ -280,6 +280,27 @@ def compare_fits(
     return {"winner": winner, "robust": robust, "ratios": ratios, "a": a, "b": b, "score": score}
 
 
+NOISY_PCT = 25.0  # above this RMS relative residual for the best fit, shapes cannot be told apart
+
+
+def ranking_lines(
+    fits: list[Fit], cmp_in: dict, cmp_out: dict, noisy_pct: float = NOISY_PCT
+) -> list[str]:
+    """The fitted models and, where the data allow, which fits better (deterministic text)."""
+    lines = [f"{f.model:>22}: TTFT = {f.formula}" for f in fits]
+    if min(f.rms_rel_pct for f in fits) > noisy_pct:
+        lines.append(
+            f"too noisy to rank: the best fit leaves more than {noisy_pct:.0f}% RMS residual"
+        )
+        return lines
+    for label, c in (("in-sample residual", cmp_in), ("extrapolation to the longer half", cmp_out)):
+        if c["robust"]:
+            lines.append(f"{label}: {c['winner']} fits better in every engine start (by >= 1.5x)")
+        else:
+            lines.append(f"{label}: no robust winner between {c['a']} and {c['b']}")
+    return lines
+
+
 # --------------------------------------------------------------------------- per-request records
 
 
@@ -443,7 +464,7 @@ def c7_verdict(
     evidence: str,
     speed_meaningful: bool,
     crossover: float,
-    noisy_pct: float = 25.0,
+    noisy_pct: float = NOISY_PCT,
 ) -> dict:
     """C7 (prefill grows exponentially) from the fits: in-sample and out-of-sample comparisons.
 
