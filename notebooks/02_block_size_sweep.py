@@ -45,13 +45,14 @@ import os
 import pandas as pd
 from IPython.display import display
 
-from tunebook import blocksize, claims, engine, plots
+from tunebook import blocksize, claims, engine, plots, prefill
 from tunebook.sweep import grid
 from tunebook.workbook import Workbook
 
 pd.set_option("display.max_colwidth", 160)
 
 # %% tags=["parameters"]
+# fmt: off
 run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
 model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
 engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
@@ -67,6 +68,7 @@ output_len: int = 16  # tokens generated per request (ignore_eos)
 attention_backends: list[str] = ["FLASH_ATTN"]  # attention_backend values compared with the default backend
 backend_block_size: int = 128  # block_size of the backend comparison
 backend_repeats: int = 1  # engine starts per attention_backend value
+# fmt: on
 
 # %%
 if not isolate:  # in-process engines log into this notebook; isolated ones log to files, which
@@ -88,7 +90,9 @@ workload = {
 }
 assert round(prompt_len * prefix_share) == prefix_len, "prefix length must round-trip"
 print(f"platform {platform}, vLLM {engine.vllm_version()}, model {model}")
-print(f"workload: {num_requests} x ({prompt_len} prompt tokens, {prefix_len} of them shared; {output_len} out)")
+print(
+    f"workload: {num_requests} x ({prompt_len} prompt tokens, {prefix_len} of them shared; {output_len} out)"
+)
 
 # %% [markdown]
 # ## 1. Which block sizes are valid here
@@ -98,7 +102,11 @@ print(f"workload: {num_requests} x ({prompt_len} prompt tokens, {prefix_len} of 
 # %%
 screened = blocksize.screen(block_sizes, engine_settings)
 probe = wb.sweep(
-    "block_size", grid("block_size", blocksize.passed(screened)), workload, repeats=1, mode="offline"
+    "block_size",
+    grid("block_size", blocksize.passed(screened)),
+    workload,
+    repeats=1,
+    mode="offline",
 )
 validity = blocksize.validity(screened, wb.results("block_size"))
 valid = blocksize.valid_sizes(validity)
@@ -109,7 +117,9 @@ display(pd.DataFrame(validity))
 for r in validity:
     status = "valid" if r["valid"] else "invalid"
     reason = f": {r['error'].splitlines()[0]}" if r["error"] else ""
-    print(f"block_size {r['block_size']:>4}: {status} (check {r['settings check']}, engine {r['engine']}){reason}")
+    print(
+        f"block_size {r['block_size']:>4}: {status} (check {r['settings check']}, engine {r['engine']}){reason}"
+    )
 print("valid block sizes:", valid)
 
 # %% [markdown]
@@ -118,7 +128,9 @@ print("valid block sizes:", valid)
 # submitting the batch to a request's first token, so it includes waiting for earlier prefills.
 
 # %%
-sweep_df = wb.sweep("block_size", grid("block_size", valid), workload, repeats=repeats, mode="offline")
+sweep_df = wb.sweep(
+    "block_size", grid("block_size", valid), workload, repeats=repeats, mode="offline"
+)
 failed = sweep_df[sweep_df["status"] != "ok"]
 if len(failed):
     display(failed[["point_id", "status", "error"]])
@@ -129,20 +141,30 @@ display(summary)
 
 # %%
 fig = plots.bar_with_spread(
-    pp, "block_size", "output_throughput_tok_s", title="Output throughput per block size (median, min-max over engine starts)", yaxis="output tokens/s"
+    pp,
+    "block_size",
+    "output_throughput_tok_s",
+    title="Output throughput per block size (median, min-max over engine starts)",
+    yaxis="output tokens/s",
 )
 fig.show()
 
 # %%
-lat_cols = {"TTFT p50": "ttft_p50_ms", "TTFT p99": "ttft_p99_ms", "TPOT p50": "tpot_p50_ms", "TPOT p99": "tpot_p99_ms"}
-parts = []
-for label, col in lat_cols.items():
-    part = pp[["block_size", "repeat", col]].rename(columns={col: "ms"})
-    part["percentile"] = label
-    part["status"] = "ok"
-    parts.append(part)
-lat = pd.concat(parts, ignore_index=True)
-fig = plots.bar_with_spread(lat, "block_size", "ms", color="percentile", title="TTFT and TPOT percentiles per block size", yaxis="ms")
+lat_cols = {
+    "TTFT p50": "ttft_p50_ms",
+    "TTFT p99": "ttft_p99_ms",
+    "TPOT p50": "tpot_p50_ms",
+    "TPOT p99": "tpot_p99_ms",
+}
+lat = prefill.long_form(pp, "block_size", lat_cols)
+fig = plots.bar_with_spread(
+    lat,
+    "block_size",
+    "value",
+    color="metric",
+    title="TTFT and TPOT percentiles per block size",
+    yaxis="ms",
+)
 fig.show()
 
 # %% [markdown]
@@ -157,7 +179,9 @@ print(f"KV bytes per token: {shape.kv_bytes_per_token():,}")
 for _, r in summary.iterrows():
     pred = shape.kv_capacity_tokens(kv_bytes, int(r["block_size"])) if kv_bytes else None
     extra = f" (arithmetic {pred:,})" if pred is not None else ""
-    print(f"block_size {int(r['block_size']):>4}: {int(r['num_gpu_blocks']):>6,} blocks, {int(r['kv_capacity_tokens']):>10,} tokens{extra}")
+    print(
+        f"block_size {int(r['block_size']):>4}: {int(r['num_gpu_blocks']):>6,} blocks, {int(r['kv_capacity_tokens']):>10,} tokens{extra}"
+    )
 
 # %% [markdown]
 # ### Prefix-cache hits are counted in whole blocks
@@ -200,10 +224,16 @@ fig.show()
 
 # %%
 bk_configs = {
-    f"attention_backend={b}": {"settings": {"attention_backend": b, "block_size": backend_block_size}}
+    f"attention_backend={b}": {
+        "settings": {"attention_backend": b, "block_size": backend_block_size}
+    }
     for b in attention_backends
 }
-bk_df = wb.sweep("attention_backend", bk_configs, workload, repeats=backend_repeats, mode="offline") if bk_configs else None
+bk_df = (
+    wb.sweep("attention_backend", bk_configs, workload, repeats=backend_repeats, mode="offline")
+    if bk_configs
+    else None
+)
 bk_results = wb.results("attention_backend") if bk_configs else []
 bk_failed = [p for p in bk_results if p.get("status") != "ok"]
 for p in bk_failed:
@@ -215,15 +245,23 @@ display(blocksize.backend_rows(backends))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for (asked, used), _g in backends.groupby(["attention_backend (asked)", "attention_backend (used)"], sort=False):
+for (asked, used), _g in backends.groupby(
+    ["attention_backend (asked)", "attention_backend (used)"], sort=False
+):
     print(f"attention_backend asked {asked}: used {used}")
 print("backends in use here:", sorted(set(backends["attention_backend (used)"])))
 
 # %%
 if len(backends):
-    backends["backend"] = backends["attention_backend (asked)"] + " -> " + backends["attention_backend (used)"]
+    backends["backend"] = (
+        backends["attention_backend (asked)"] + " -> " + backends["attention_backend (used)"]
+    )
     fig = plots.bar_with_spread(
-        backends, "backend", "output_throughput_tok_s", title=f"Output throughput per attention backend (block_size {backend_block_size})", yaxis="output tokens/s"
+        backends,
+        "backend",
+        "output_throughput_tok_s",
+        title=f"Output throughput per attention backend (block_size {backend_block_size})",
+        yaxis="output tokens/s",
     )
     fig.show()
 
@@ -244,4 +282,6 @@ verdicts = [
 claims.write(run_dir, "02_block_size_sweep", verdicts)
 display(claims.table(verdicts))
 for v in verdicts:
-    print(f"{v['claim']} {v['verdict'].upper()}: {v['figure']}\n  spread: {v['spread']}\n  note: {v['note']}")
+    print(
+        f"{v['claim']} {v['verdict'].upper()}: {v['figure']}\n  spread: {v['spread']}\n  note: {v['note']}"
+    )

@@ -135,10 +135,30 @@ def per_point(results: list[dict], prefix_len: int | None = None):
         if prefix_len is not None and bs:
             row["arithmetic floor(prefix/block)*block"] = floor_blocks(prefix_len, int(bs))
         rows.append(row)
-    df = pd.DataFrame(rows)
-    if len(df):
-        df = df.sort_values(["block_size", "repeat"]).reset_index(drop=True)
-    return df
+    if not rows:  # nothing valid or nothing finished: an empty frame with the usual columns
+        return pd.DataFrame(columns=PER_POINT_COLUMNS)
+    return pd.DataFrame(rows).sort_values(["block_size", "repeat"]).reset_index(drop=True)
+
+
+PER_POINT_COLUMNS = [
+    "config",
+    "repeat",
+    "block_size",
+    "attention_backend (asked)",
+    "attention_backend (used)",
+    "num_gpu_blocks",
+    "kv_capacity_tokens",
+    "output_throughput_tok_s",
+    "total_token_throughput_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "prefix_cache_hit_rate_pct",
+    "cached_tokens_per_warm_request",
+    "warm_requests",
+    "status",
+]
 
 
 def summary(df, prefix_len: int | None = None):
