@@ -86,7 +86,7 @@ def main() -> None:
             print(f"start {start} stats={'on' if stats_on else 'off'} done", flush=True)
 
     tput = {k: [out_tokens / t for t in v] for k, v in times.items()}
-    paired = [t / b for t, b in zip(times["tunebook"], times["bare_stats_on"])]
+    paired = [t / b for t, b in zip(times["tunebook"], times["bare_stats_on"], strict=True)]
     result = {
         "profile": args.profile,
         "workload": wl.summary(),

@@ -38,7 +38,9 @@
 # %%
 import os
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep outputs readable
+os.environ.setdefault(
+    "VLLM_LOGGING_LEVEL", "WARNING"
+)  # before vLLM is imported: keep outputs readable
 
 import pandas as pd
 
@@ -56,19 +58,68 @@ pd.set_option("display.max_colwidth", 120)
 
 # %% tags=["parameters"]
 run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
-model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
-engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
+model: str = (
+    "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
+)
+engine_settings: dict = {
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 67108864,
+    "max_model_len": 2048,
+}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
 repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
-article_settings: dict = {"gpu_memory_utilization": 0.85, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16, "enable_prefix_caching": True, "max_paddings": 128, "scheduler_policy": "hybrid"}  # the article's configuration as written, nonexistent settings included
-workloads: dict = {"short_chat": {"kind": "uniform", "num_requests": 16, "min_prompt_len": 16, "max_prompt_len": 64, "output_len": 16, "seed": 1}, "medium": {"kind": "uniform", "num_requests": 8, "min_prompt_len": 256, "max_prompt_len": 512, "output_len": 16, "seed": 2}, "long": {"kind": "uniform", "num_requests": 4, "min_prompt_len": 1024, "max_prompt_len": 1536, "output_len": 16, "seed": 3}}  # name -> workload spec; one sweep each
+article_settings: dict = {
+    "gpu_memory_utilization": 0.85,
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 256,
+    "block_size": 16,
+    "enable_prefix_caching": True,
+    "max_paddings": 128,
+    "scheduler_policy": "hybrid",
+}  # the article's configuration as written, nonexistent settings included
+workloads: dict = {
+    "short_chat": {
+        "kind": "uniform",
+        "num_requests": 16,
+        "min_prompt_len": 16,
+        "max_prompt_len": 64,
+        "output_len": 16,
+        "seed": 1,
+    },
+    "medium": {
+        "kind": "uniform",
+        "num_requests": 8,
+        "min_prompt_len": 256,
+        "max_prompt_len": 512,
+        "output_len": 16,
+        "seed": 2,
+    },
+    "long": {
+        "kind": "uniform",
+        "num_requests": 4,
+        "min_prompt_len": 1024,
+        "max_prompt_len": 1536,
+        "output_len": 16,
+        "seed": 3,
+    },
+}  # name -> workload spec; one sweep each
 mode: str = "offline"  # "offline" (LLM.generate, all requests at once) or "online" (AsyncLLM, streamed, client-side TTFT)
 max_concurrency: int = 0  # online mode: requests in flight at most (0: no cap)
-sampling: dict = {"temperature": 0.0}  # SamplingParams for every request (greedy; the article used temperature 0.7, top_p 0.9)
-concurrent_workload: dict = {"kind": "fixed", "num_requests": 100, "prompt_len": 128, "output_len": 8, "seed": 4}  # C6: this many requests in flight at once, both configurations
+sampling: dict = {
+    "temperature": 0.0
+}  # SamplingParams for every request (greedy; the article used temperature 0.7, top_p 0.9)
+concurrent_workload: dict = {
+    "kind": "fixed",
+    "num_requests": 100,
+    "prompt_len": 128,
+    "output_len": 8,
+    "seed": 4,
+}  # C6: this many requests in flight at once, both configurations
 concurrent_repeats: int = 1  # engine starts per configuration for the concurrent run
-claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C6 arithmetic
+claim_model: str = (
+    "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C6 arithmetic
+)
 article_card_gib: float = 23.65  # the article's RTX 4090: total memory as CUDA reports it (what gpu_memory_utilization multiplies)
 claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article's max_model_len)
 
@@ -79,8 +130,12 @@ claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article
 platform = engine.platform_name()
 shape = load_shape(model)
 claim_shape = load_shape(claim_model)
-wb = tb.workbook.Workbook(run_dir, "00_baseline", model, engine_settings, engine_env, isolate=isolate)
-article_runnable, article_changes = bl.runnable_settings(article_settings, platform, engine_settings)
+wb = tb.workbook.Workbook(
+    run_dir, "00_baseline", model, engine_settings, engine_env, isolate=isolate
+)
+article_runnable, article_changes = bl.runnable_settings(
+    article_settings, platform, engine_settings
+)
 configs = {
     "default": {},  # engine_settings only: vLLM's own defaults for everything else
     "article": {"settings": article_runnable},
@@ -120,8 +175,15 @@ print(pd.DataFrame(article_changes).to_string(index=False) if article_changes el
 # %%
 frames = {}
 for name, spec in workloads.items():
-    wb.sweep(f"baseline_{name}", configs, spec, repeats, mode=mode, sampling=sampling,
-             max_concurrency=cap)
+    wb.sweep(
+        f"baseline_{name}",
+        configs,
+        spec,
+        repeats,
+        mode=mode,
+        sampling=sampling,
+        max_concurrency=cap,
+    )
     frames[name] = bl.points_frame(wb.results(f"baseline_{name}"))
 failed = {n: df.loc[df["status"] != "ok", ["point_id", "error"]] for n, df in frames.items()}
 for n, f in failed.items():
@@ -166,17 +228,30 @@ for col, title in [
 # %%
 # NBVAL_CHECK_OUTPUT
 need = bl.concurrent_kv_need(claim_shape, 100, claim_tokens)
-space = bl.card_kv_space(claim_shape, article_card_gib, article_settings.get("gpu_memory_utilization", 0.9))
+space = bl.card_kv_space(
+    claim_shape, article_card_gib, article_settings.get("gpu_memory_utilization", 0.9)
+)
 fit = int(space * GIB // (claim_tokens * need["bytes_per_token"]))
 print(f"{claim_model}: {need['bytes_per_token']:,} B per token (bf16)")
-print(f"100 requests x {claim_tokens} tokens = {need['kv_bytes']:,} B = {need['kv_gib']:.2f} GiB of KV")
-print(f"RTX 4090 ({article_card_gib} GiB) at gpu_memory_utilization "
-      f"{article_settings.get('gpu_memory_utilization')}: at most {space:.2f} GiB for KV after "
-      f"{claim_shape.weight_bytes() / GIB:.2f} GiB of weights -> {fit} requests of {claim_tokens} tokens")
+print(
+    f"100 requests x {claim_tokens} tokens = {need['kv_bytes']:,} B = {need['kv_gib']:.2f} GiB of KV"
+)
+print(
+    f"RTX 4090 ({article_card_gib} GiB) at gpu_memory_utilization "
+    f"{article_settings.get('gpu_memory_utilization')}: at most {space:.2f} GiB for KV after "
+    f"{claim_shape.weight_bytes() / GIB:.2f} GiB of weights -> {fit} requests of {claim_tokens} tokens"
+)
 
 # %%
-wb.sweep("concurrent", configs, concurrent_workload, concurrent_repeats, mode=mode,
-         sampling=sampling, max_concurrency=None)
+wb.sweep(
+    "concurrent",
+    configs,
+    concurrent_workload,
+    concurrent_repeats,
+    mode=mode,
+    sampling=sampling,
+    max_concurrency=None,
+)
 conc = bl.points_frame(wb.results("concurrent"))
 
 
@@ -189,8 +264,18 @@ def predicted_pct(row):
 
 
 conc_view = conc.assign(**{"KV blocks predicted %": conc.apply(predicted_pct, axis=1)})
-cols = ["config", "repeat", "status", "num_requests", "num_requests_running_peak", "num_preemptions",
-        "kv_cache_usage_peak_pct", "KV blocks predicted %", "cap_kv_capacity_tokens", "error"]
+cols = [
+    "config",
+    "repeat",
+    "status",
+    "num_requests",
+    "num_requests_running_peak",
+    "num_preemptions",
+    "kv_cache_usage_peak_pct",
+    "KV blocks predicted %",
+    "cap_kv_capacity_tokens",
+    "error",
+]
 conc_view[[c for c in cols if c in conc_view]]
 
 # %% [markdown]
@@ -200,7 +285,10 @@ conc_view[[c for c in cols if c in conc_view]]
 # %%
 for r in wb.results("concurrent"):
     if r.get("status") == "ok" and r.get("repeat") == 0 and r.get("timeline"):
-        plots.timeline(r["timeline"], title=f"{r['config']}: {concurrent_workload['num_requests']} requests at once").show()
+        plots.timeline(
+            r["timeline"],
+            title=f"{r['config']}: {concurrent_workload['num_requests']} requests at once",
+        ).show()
 
 # %% [markdown]
 # ## Verdicts
@@ -227,12 +315,21 @@ for name, df in frames.items():
         f"{name}: {med(df, 'default', 'e2e_mean_ms'):.0f} ms per request (e2e mean), "
         f"{med(df, 'default', 'request_throughput_rps'):.1f} QPS"
     )
-mem_cols = [med(df, "default", "device_memory_used_gib") for df in frames.values()
-            if "device_memory_used_gib" in df]
-mem_txt = (f"; device memory {max(mem_cols):.1f} GiB (vLLM holds gpu_memory_utilization x total, "
-           f"whatever the load)" if mem_cols else "; no device memory on CPU")
+mem_cols = [
+    med(df, "default", "device_memory_used_gib")
+    for df in frames.values()
+    if "device_memory_used_gib" in df
+]
+mem_txt = (
+    f"; device memory {max(mem_cols):.1f} GiB (vLLM holds gpu_memory_utilization x total, "
+    f"whatever the load)"
+    if mem_cols
+    else "; no device memory on CPU"
+)
 art = bl.article_qps_from_per_request(3.2, 3)
-default_gmu = med(frames[first], "default", "cap_gpu_memory_utilization")  # as this vLLM resolved it
+default_gmu = med(
+    frames[first], "default", "cap_gpu_memory_utilization"
+)  # as this vLLM resolved it
 v_c1 = claims.verdict(
     "C1",
     "not reproducible",
@@ -258,9 +355,13 @@ speed_txt = "; ".join(
     f"{w}: article/default e2e = {c['ratio']:.2f} ({bl.noise_word(c)})" for w, c in cmp_e2e.items()
 )
 mem_cmp = bl.comparison(frames, "default", "article", "device_memory_used_gib")
-mem_txt6 = "; ".join(
-    f"{w}: device memory {c['a']['median']:.1f} -> {c['b']['median']:.1f} GiB" for w, c in mem_cmp.items()
-) or "device memory not measurable on CPU"
+mem_txt6 = (
+    "; ".join(
+        f"{w}: device memory {c['a']['median']:.1f} -> {c['b']['median']:.1f} GiB"
+        for w, c in mem_cmp.items()
+    )
+    or "device memory not measurable on CPU"
+)
 v_c6 = claims.verdict(
     "C6",
     "refuted" if fit >= 100 else "inconclusive",
@@ -270,8 +371,12 @@ v_c6 = claims.verdict(
         f"requests). Here {concurrent_workload['num_requests']} requests at once: "
         + ("ran on both configurations" if all_ran else "FAILED on some engines")
         + f", {preempt} preemptions, peak KV usage "
-        + ", ".join(f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%" if r.sampled else f"{r.config} not sampled (run < 0.25 s)"
-                    for r in ok_conc.itertuples())
+        + ", ".join(
+            f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%"
+            if r.sampled
+            else f"{r.config} not sampled (run < 0.25 s)"
+            for r in ok_conc.itertuples()
+        )
     ),
     spread=speed_txt,
     evidence=str(wb.sweep_dir("concurrent")),
@@ -299,8 +404,11 @@ v_c9 = claims.verdict(
     note=(
         "vLLM's own EngineArgs raises TypeError on both names; tunebook reports them before any "
         "engine starts. The article's configuration ran here without them. "
-        + "; ".join(f"{r.setting}={r.value!r} is also rejected: {r.error}"
-                    for r in rejected.itertuples() if r.setting not in set(missing["setting"]))
+        + "; ".join(
+            f"{r.setting}={r.value!r} is also rejected: {r.error}"
+            for r in rejected.itertuples()
+            if r.setting not in set(missing["setting"])
+        )
     ),
 )
 verdicts = [v_c1, v_c6, v_c9]

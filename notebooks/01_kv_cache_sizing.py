@@ -46,7 +46,9 @@
 # %%
 import os
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: keep outputs readable
+os.environ.setdefault(
+    "VLLM_LOGGING_LEVEL", "WARNING"
+)  # before vLLM is imported: keep outputs readable
 
 import math
 
@@ -68,27 +70,77 @@ pd.set_option("display.max_colwidth", 80)
 
 # %% tags=["parameters"]
 run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
-model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
-engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
+model: str = (
+    "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
+)
+engine_settings: dict = {
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 67108864,
+    "max_model_len": 2048,
+}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
 repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
-claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C2 arithmetic
+claim_model: str = (
+    "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C2 arithmetic
+)
 seq_len: int = 4096  # tokens per request in the article's arithmetic (its max_model_len)
 claim_requests: int = 100  # concurrent requests in the article's arithmetic
-capacity_configs: dict = {"kv8m-auto": {"kv_cache_memory_bytes": 8388608}, "kv64m-auto": {"kv_cache_memory_bytes": 67108864}, "kv64m-fp8": {"kv_cache_memory_bytes": 67108864, "kv_cache_dtype": "fp8"}}  # name -> settings of the capacity grid (GPU: gpu_memory_utilization x kv_cache_dtype)
-drift_workload: dict = {"kind": "fixed", "num_requests": 8, "prompt_len": 128, "output_len": 16, "seed": 11}  # fixed prompt set the capacity engines run greedily, logprobs collected
-drift_reference: str = "kv64m-auto"  # capacity config whose first engine the others' outputs are compared with
+capacity_configs: dict = {
+    "kv8m-auto": {"kv_cache_memory_bytes": 8388608},
+    "kv64m-auto": {"kv_cache_memory_bytes": 67108864},
+    "kv64m-fp8": {"kv_cache_memory_bytes": 67108864, "kv_cache_dtype": "fp8"},
+}  # name -> settings of the capacity grid (GPU: gpu_memory_utilization x kv_cache_dtype)
+drift_workload: dict = {
+    "kind": "fixed",
+    "num_requests": 8,
+    "prompt_len": 128,
+    "output_len": 16,
+    "seed": 11,
+}  # fixed prompt set the capacity engines run greedily, logprobs collected
+drift_reference: str = (
+    "kv64m-auto"  # capacity config whose first engine the others' outputs are compared with
+)
 drift_random_init: bool = True  # capacity engines load a checkpoint with transformers' standard random init (vLLM's dummy weights give flat logits: no drift can show)
-max_model_lens: list = [512, 2048, 4096, 32768, 131072]  # max_model_len values of the maximum-concurrency table
-card_memory_gib: dict = {"RTX 4090": 23.65, "H200": 139.8}  # total memory per card as CUDA reports it (GiB; what gpu_memory_utilization multiplies), for the headroom arithmetic
-pressure_knob: str = "kv_cache_memory_bytes"  # setting that squeezes the KV cache (GPU: num_gpu_blocks_override)
+max_model_lens: list = [
+    512,
+    2048,
+    4096,
+    32768,
+    131072,
+]  # max_model_len values of the maximum-concurrency table
+card_memory_gib: dict = {
+    "RTX 4090": 23.65,
+    "H200": 139.8,
+}  # total memory per card as CUDA reports it (GiB; what gpu_memory_utilization multiplies), for the headroom arithmetic
+pressure_knob: str = (
+    "kv_cache_memory_bytes"  # setting that squeezes the KV cache (GPU: num_gpu_blocks_override)
+)
 pressure_values: list = [1048576, 2097152, 8388608]  # its values, from far too small to enough
-pressure_settings: dict = {"max_model_len": 512}  # extra settings of the pressure engines (a small max_model_len lets the KV cache shrink below one long request)
-pressure_workload: dict = {"kind": "fixed", "num_requests": 16, "prompt_len": 248, "output_len": 16, "seed": 12}  # submitted all at once
+pressure_settings: dict = {
+    "max_model_len": 512
+}  # extra settings of the pressure engines (a small max_model_len lets the KV cache shrink below one long request)
+pressure_workload: dict = {
+    "kind": "fixed",
+    "num_requests": 16,
+    "prompt_len": 248,
+    "output_len": 16,
+    "seed": 12,
+}  # submitted all at once
 pressure_repeats: int = 1  # engine starts per pressure value
-prefix_shares: list = [0.0, 0.5, 0.9]  # share of each prompt that is a prefix shared with other requests
-prefix_workload: dict = {"kind": "shared_prefix", "num_requests": 12, "prompt_len": 512, "output_len": 8, "num_prefixes": 2, "seed": 13}  # prefix_share is set from prefix_shares
+prefix_shares: list = [
+    0.0,
+    0.5,
+    0.9,
+]  # share of each prompt that is a prefix shared with other requests
+prefix_workload: dict = {
+    "kind": "shared_prefix",
+    "num_requests": 12,
+    "prompt_len": 512,
+    "output_len": 8,
+    "num_prefixes": 2,
+    "seed": 13,
+}  # prefix_share is set from prefix_shares
 prefix_repeats: int = 1  # engine starts per (prefix caching, share) point
 
 # %% [markdown]
@@ -99,7 +151,9 @@ platform = engine.platform_name()
 on_cpu = platform == "cpu"
 shape = load_shape(model)
 claim_shape = load_shape(claim_model)
-wb = tb.workbook.Workbook(run_dir, "01_kv_cache_sizing", model, engine_settings, engine_env, isolate=isolate)
+wb = tb.workbook.Workbook(
+    run_dir, "01_kv_cache_sizing", model, engine_settings, engine_env, isolate=isolate
+)
 greedy = {"temperature": 0.0}
 # The capacity/drift engines: same shape, weights vLLM can compute a non-flat distribution with.
 drift_model = str(kv.random_init_checkpoint(model)) if drift_random_init else model
@@ -136,8 +190,15 @@ print(kv.shape_table(shape, model).to_string())
 
 # %%
 cap_points = {name: {"settings": s, "model": drift_model} for name, s in capacity_configs.items()}
-wb.sweep("capacity", cap_points, drift_workload, repeats, mode="offline",
-         sampling={**greedy, "logprobs": 1}, collect_outputs=True)
+wb.sweep(
+    "capacity",
+    cap_points,
+    drift_workload,
+    repeats,
+    mode="offline",
+    sampling={**greedy, "logprobs": 1},
+    collect_outputs=True,
+)
 cap_results = wb.results("capacity")
 for r in cap_results:
     if r.get("status") != "ok":
@@ -146,14 +207,32 @@ cap = kv.capacity_table(cap_results, shape)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cap_cols = ["config", "repeat", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len",
-            "KV memory (MiB)", "block_size", "bytes per token", "predicted tokens", "engine tokens",
-            "residual %", "max concurrency at max_model_len"]
+cap_cols = [
+    "config",
+    "repeat",
+    "kv_cache_dtype",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "KV memory (MiB)",
+    "block_size",
+    "bytes per token",
+    "predicted tokens",
+    "engine tokens",
+    "residual %",
+    "max concurrency at max_model_len",
+]
 print(cap[cap_cols].to_string(index=False))
 
 # %%
-plots.predicted_vs_measured(cap, "predicted tokens", "engine tokens", "config",
-                            title="KV capacity: engine against arithmetic", log=True, unit="tokens").show()
+plots.predicted_vs_measured(
+    cap,
+    "predicted tokens",
+    "engine tokens",
+    "config",
+    title="KV capacity: engine against arithmetic",
+    log=True,
+    unit="tokens",
+).show()
 
 # %% [markdown]
 # Maximum concurrency: how many requests of full `max_model_len` the reference engine's KV
@@ -164,9 +243,14 @@ plots.predicted_vs_measured(cap, "predicted tokens", "engine tokens", "config",
 ref_rows = cap[cap["config"] == drift_reference]
 if len(ref_rows):
     r0 = ref_rows.iloc[0]
-    print(f"{drift_reference}: {int(r0['engine tokens']):,} tokens, block_size {int(r0['block_size'])}")
-    print(kv.max_concurrency_table(shape, int(r0["engine tokens"]), int(r0["block_size"]), max_model_lens)
-          .to_string(index=False))
+    print(
+        f"{drift_reference}: {int(r0['engine tokens']):,} tokens, block_size {int(r0['block_size'])}"
+    )
+    print(
+        kv.max_concurrency_table(
+            shape, int(r0["engine tokens"]), int(r0["block_size"]), max_model_lens
+        ).to_string(index=False)
+    )
 else:
     print(f"no engine of {drift_reference!r} finished")
 
@@ -186,21 +270,32 @@ else:
 # %%
 drift = kv.drift_table(cap_results, drift_reference)
 flat = kv.flat_logprobs(cap_results, shape.vocab_size)
-print(f"weights: {'random init (transformers)' if drift_random_init else 'vLLM dummy'}; "
-      f"flat logits (every logprob = -ln vocab): {flat}")
+print(
+    f"weights: {'random init (transformers)' if drift_random_init else 'vLLM dummy'}; "
+    f"flat logits (every logprob = -ln vocab): {flat}"
+)
 drift
 
 # %%
 capdf = kv.points_frame(cap_results)
-capdf["kv_cache_dtype"] = capdf.get("kv_cache_dtype", pd.Series(["auto"] * len(capdf))).fillna("auto")
-plots.bar_with_spread(capdf, "config", "output_throughput_tok_s", title="Output tokens/s on the drift prompts (median, min-max)").show()
+capdf["kv_cache_dtype"] = capdf.get("kv_cache_dtype", pd.Series(["auto"] * len(capdf))).fillna(
+    "auto"
+)
+plots.bar_with_spread(
+    capdf,
+    "config",
+    "output_throughput_tok_s",
+    title="Output tokens/s on the drift prompts (median, min-max)",
+).show()
 ok_cap = capdf[capdf["status"] == "ok"]
 tp_auto = ok_cap.loc[ok_cap["kv_cache_dtype"] == "auto", "output_throughput_tok_s"].tolist()
 tp_fp8 = ok_cap.loc[ok_cap["kv_cache_dtype"] != "auto", "output_throughput_tok_s"].tolist()
 speed_fp8 = metrics.compare(tp_auto, tp_fp8) if tp_auto and tp_fp8 else None
 if speed_fp8:
-    print(f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} "
-          f"({bl.noise_word(speed_fp8)}; n = {len(tp_auto)} / {len(tp_fp8)})")
+    print(
+        f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} "
+        f"({bl.noise_word(speed_fp8)}; n = {len(tp_auto)} / {len(tp_fp8)})"
+    )
 
 # %% [markdown]
 # ## 4. KV pressure
@@ -209,23 +304,49 @@ if speed_fp8:
 # `pressure_knob`. The workload's need is what its requests hold if all run together.
 
 # %%
-pressure_points = {f"{pressure_knob}-{v}": {"settings": {**pressure_settings, pressure_knob: v}}
-                   for v in pressure_values}
-wb.sweep("pressure", pressure_points, pressure_workload, pressure_repeats, mode="offline", sampling=greedy)
+pressure_points = {
+    f"{pressure_knob}-{v}": {"settings": {**pressure_settings, pressure_knob: v}}
+    for v in pressure_values
+}
+wb.sweep(
+    "pressure",
+    pressure_points,
+    pressure_workload,
+    pressure_repeats,
+    mode="offline",
+    sampling=greedy,
+)
 pressure_results = wb.results("pressure")
 pres = kv.pressure_table(pressure_results, shape, pressure_knob).sort_values("KV tokens (engine)")
 pres
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(pres[["config", "status", "KV tokens (engine)", "workload needs (tokens, all at once)",
-            "capacity / need"]].to_string(index=False))
+print(
+    pres[
+        [
+            "config",
+            "status",
+            "KV tokens (engine)",
+            "workload needs (tokens, all at once)",
+            "capacity / need",
+        ]
+    ].to_string(index=False)
+)
 
 # %%
-plots.panels(pres, "KV tokens (engine)",
-             [("preemptions", "preemptions"), ("ttft_p99_ms", "TTFT p99 (ms)"),
-              ("output_throughput_tok_s", "output tokens/s"), ("running peak", "requests running at once")],
-             title="KV pressure: a smaller KV cache queues and preempts", log_x=True).show()
+plots.panels(
+    pres,
+    "KV tokens (engine)",
+    [
+        ("preemptions", "preemptions"),
+        ("ttft_p99_ms", "TTFT p99 (ms)"),
+        ("output_throughput_tok_s", "output tokens/s"),
+        ("running peak", "requests running at once"),
+    ],
+    title="KV pressure: a smaller KV cache queues and preempts",
+    log_x=True,
+).show()
 
 # %% [markdown]
 # ## 5. Prefix caching against the shared share of the prompt (C3)
@@ -240,7 +361,11 @@ for share in prefix_shares:
     for on in (True, False):
         prefix_points[f"share{share:g}-{'on' if on else 'off'}"] = {
             "settings": {"enable_prefix_caching": on},
-            "workload": {**prefix_workload, "prefix_share": float(share), "name": f"shared_prefix_{share:g}"},
+            "workload": {
+                **prefix_workload,
+                "prefix_share": float(share),
+                "name": f"shared_prefix_{share:g}",
+            },
         }
 wb.sweep("prefix", prefix_points, prefix_workload, prefix_repeats, mode="offline", sampling=greedy)
 prefix_results = wb.results("prefix")
@@ -248,20 +373,49 @@ pfx = kv.prefix_table(prefix_results, shape).sort_values(["prefix_share", "enabl
 
 # %%
 # NBVAL_CHECK_OUTPUT
-pfx_cols = ["config", "enable_prefix_caching", "prefix_share", "block_size", "prefix_len",
-            "shared blocks per prefix", "predicted hit rate %", "hit rate %", "predicted cached tokens",
-            "cached tokens", "predicted KV blocks", "KV blocks without sharing", "predicted KV saved %"]
+pfx_cols = [
+    "config",
+    "enable_prefix_caching",
+    "prefix_share",
+    "block_size",
+    "prefix_len",
+    "shared blocks per prefix",
+    "predicted hit rate %",
+    "hit rate %",
+    "predicted cached tokens",
+    "cached tokens",
+    "predicted KV blocks",
+    "KV blocks without sharing",
+    "predicted KV saved %",
+]
 print(pfx[pfx_cols].round(2).to_string(index=False))
 
 # %%
-pfx[["config", "prefix_share", "enable_prefix_caching", "KV blocks at peak (sampled)", "predicted KV blocks",
-     "ttft_p50_ms", "ttft_p99_ms", "output_throughput_tok_s"]]
+pfx[
+    [
+        "config",
+        "prefix_share",
+        "enable_prefix_caching",
+        "KV blocks at peak (sampled)",
+        "predicted KV blocks",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "output_throughput_tok_s",
+    ]
+]
 
 # %%
-plots.panels(pfx, "prefix_share", [("hit rate %", "prefix cache hit rate (%)"),
-                                    ("KV blocks at peak (sampled)", "KV blocks in use at peak"),
-                                    ("ttft_p50_ms", "TTFT p50 (ms)")],
-             color="enable_prefix_caching", title="Prefix caching on/off against the shared share").show()
+plots.panels(
+    pfx,
+    "prefix_share",
+    [
+        ("hit rate %", "prefix cache hit rate (%)"),
+        ("KV blocks at peak (sampled)", "KV blocks in use at peak"),
+        ("ttft_p50_ms", "TTFT p50 (ms)"),
+    ],
+    color="enable_prefix_caching",
+    title="Prefix caching on/off against the shared share",
+).show()
 
 # %% [markdown]
 # ## 6. Headroom: what `gpu_memory_utilization` and `max_model_len` cost (C12)
@@ -276,7 +430,9 @@ head, per_step = kv.headroom_table(claim_shape, card_memory_gib, seq_len=seq_len
 print(f"{claim_model}, bf16 KV:")
 print(head.to_string(index=False))
 for card, toks in per_step.items():
-    print(f"{card}: each 0.05 of gpu_memory_utilization = {toks:,.0f} tokens = {toks / seq_len:.0f} requests of {seq_len} tokens")
+    print(
+        f"{card}: each 0.05 of gpu_memory_utilization = {toks:,.0f} tokens = {toks / seq_len:.0f} requests of {seq_len} tokens"
+    )
 
 # %% [markdown]
 # Measured on this device: capacity between two `gpu_memory_utilization` values (GPU engines of
@@ -284,13 +440,22 @@ for card, toks in per_step.items():
 
 # %%
 slope = kv.gmu_slope(cap_results, shape)
-print(pd.DataFrame(slope).to_string(index=False) if slope else
-      "no pair of engines differing only in gpu_memory_utilization here (CPU sizes KV by kv_cache_memory_bytes)")
+print(
+    pd.DataFrame(slope).to_string(index=False)
+    if slope
+    else "no pair of engines differing only in gpu_memory_utilization here (CPU sizes KV by kv_cache_memory_bytes)"
+)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-mml = kv.same_memory_groups(pd.concat([cap, kv.capacity_table(pressure_results, shape)], ignore_index=True))
-print(mml.to_string(index=False) if len(mml) else "no engines with equal KV memory and different max_model_len")
+mml = kv.same_memory_groups(
+    pd.concat([cap, kv.capacity_table(pressure_results, shape)], ignore_index=True)
+)
+print(
+    mml.to_string(index=False)
+    if len(mml)
+    else "no engines with equal KV memory and different max_model_len"
+)
 
 # %% [markdown]
 # ## Verdicts
@@ -328,17 +493,26 @@ off = pfx[~pfx["enable_prefix_caching"]]
 saved = {}
 for share, g in on.groupby("prefix_share"):
     o = off[off["prefix_share"] == share]
-    b_on, b_off = g["KV blocks at peak (sampled)"].median(), o["KV blocks at peak (sampled)"].median()
-    meas = (1 - b_on / b_off) * 100 if len(o) and b_off > 0 and not math.isnan(b_on) else float("nan")
+    b_on, b_off = (
+        g["KV blocks at peak (sampled)"].median(),
+        o["KV blocks at peak (sampled)"].median(),
+    )
+    meas = (
+        (1 - b_on / b_off) * 100 if len(o) and b_off > 0 and not math.isnan(b_on) else float("nan")
+    )
     saved[share] = (g["predicted KV saved %"].iloc[0], meas, g["hit rate %"].median())
-bits = [f"share {s:g}: hit rate {h:.0f}%, KV saved {p:.0f}% predicted / "
-        + (f"{m:.0f}% measured" if not math.isnan(m) else "not sampled (run shorter than 0.25 s)")
-        for s, (p, m, h) in saved.items()]
+bits = [
+    f"share {s:g}: hit rate {h:.0f}%, KV saved {p:.0f}% predicted / "
+    + (f"{m:.0f}% measured" if not math.isnan(m) else "not sampled (run shorter than 0.25 s)")
+    for s, (p, m, h) in saved.items()
+]
 preds = [p for p, _, _ in saved.values()]
 in_band = [30 <= p <= 50 for p in preds]
 v_c3 = claims.verdict(
     "C3",
-    "confirmed" if preds and all(in_band) else ("partly" if any(p >= 30 for p in preds) else "refuted"),
+    "confirmed"
+    if preds and all(in_band)
+    else ("partly" if any(p >= 30 for p in preds) else "refuted"),
     figure="; ".join(bits),
     spread=f"{prefix_repeats} engine start(s) per point; peak KV sampled every 0.25 s",
     evidence=str(wb.sweep_dir("prefix")),
@@ -354,7 +528,9 @@ v_c3 = claims.verdict(
 
 # C5: fp8 KV.
 ratios = []
-by_mem = cap.groupby(["KV memory (MiB)", "gpu_memory_utilization", "kv_cache_dtype"], dropna=False)["engine tokens"].median()
+by_mem = cap.groupby(["KV memory (MiB)", "gpu_memory_utilization", "kv_cache_dtype"], dropna=False)[
+    "engine tokens"
+].median()
 for (mem, g, dt), toks in by_mem.items():
     if dt == "auto":
         continue
@@ -370,8 +546,11 @@ def agg(df, col):
 
 
 cap_ok = bool(ratios) and all(abs(r - 2.0) < 0.01 for r in ratios)
-flat_txt = (" The logits were flat (every logprob -ln vocab), so the drift figures cannot show anything."
-            if flat else "")
+flat_txt = (
+    " The logits were flat (every logprob -ln vocab), so the drift figures cannot show anything."
+    if flat
+    else ""
+)
 v_c5 = claims.verdict(
     "C5",
     "partly" if cap_ok else "inconclusive",
@@ -380,23 +559,31 @@ v_c5 = claims.verdict(
         f"bf16: {agg(fp8d, 'token agreement %')}% (floor, bf16 vs bf16: {agg(floor, 'token agreement %')}%); "
         f"mean |d logprob| {agg(fp8d, 'mean |d logprob| (same context)')} (floor {agg(floor, 'mean |d logprob| (same context)')})"
     ),
-    spread=(f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f} ({bl.noise_word(speed_fp8)})"
-            if speed_fp8 else None),
+    spread=(
+        f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f} ({bl.noise_word(speed_fp8)})"
+        if speed_fp8
+        else None
+    ),
     evidence=str(wb.sweep_dir("capacity")),
     note=(
         "fp8 halves the bytes per token and the engine holds exactly twice the tokens. Accuracy cannot "
         f"be judged on {'random' if drift_random_init else 'dummy'} weights: the drift above is the KV "
         "quantisation's effect on the computation of a model of this shape, not a quality loss on real "
         "text; check with the real checkpoint and a task metric before calling it negligible."
-        + flat_txt + speed_caveat
+        + flat_txt
+        + speed_caveat
     ),
 )
 
 # C12: headroom.
-slope_txt = "; ".join(
-    f"measured {s['tokens per 0.05 gmu, measured']:,} tokens per 0.05 (predicted {s['tokens per 0.05 gmu, predicted']:,}, "
-    f"residual {s['residual %']:.2f}%)" for s in slope
-) or "not measurable on CPU (KV sized by kv_cache_memory_bytes)"
+slope_txt = (
+    "; ".join(
+        f"measured {s['tokens per 0.05 gmu, measured']:,} tokens per 0.05 (predicted {s['tokens per 0.05 gmu, predicted']:,}, "
+        f"residual {s['residual %']:.2f}%)"
+        for s in slope
+    )
+    or "not measurable on CPU (KV sized by kv_cache_memory_bytes)"
+)
 if len(mml):
     groups = mml.groupby(["KV memory (MiB)", "kv_cache_dtype", "block_size"])
     equal = all(len({t for ts in g["engine tokens"] for t in ts}) == 1 for _, g in groups)
@@ -410,8 +597,10 @@ v_c12 = claims.verdict(
     "C12",
     "partly",
     figure=(
-        "; ".join(f"{card}: each 0.05 of gpu_memory_utilization = {t:,.0f} tokens ({t / seq_len:.0f} requests of {seq_len})"
-                  for card, t in per_step.items())
+        "; ".join(
+            f"{card}: each 0.05 of gpu_memory_utilization = {t:,.0f} tokens ({t / seq_len:.0f} requests of {seq_len})"
+            for card, t in per_step.items()
+        )
         + f". On this device: {slope_txt}"
     ),
     spread=None,

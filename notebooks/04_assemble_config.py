@@ -49,12 +49,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from IPython.display import Markdown, display
+
 import tunebook.assemble as assemble
 import tunebook.claims as claims
 import tunebook.engine as engine
 import tunebook.serve as serve
 import tunebook.workbook
-from IPython.display import Markdown, display
 from tunebook.explorer import Explorer, decision_figure, ratio_bars
 from tunebook.model import GIB, load_shape
 from tunebook.profiles import NOTEBOOKS

@@ -13,6 +13,7 @@ import stat
 
 import pytest
 import yaml
+
 from tunebook import assemble
 from tunebook.results import SweepDir
 

@@ -11,6 +11,7 @@ import os
 
 import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS, KV_BYTES, MIB
+
 from tunebook import engine
 from tunebook.model import load_shape
 from tunebook.results import SweepDir

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tunebook import engine
 from tunebook.errors import ConfigError
 from tunebook.knobs import check_settings, valid_block_sizes, validate_settings

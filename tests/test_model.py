@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tunebook.errors import ConfigError
 from tunebook.model import (
     ERNIE_03B,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS, engine_processes, kill_processes
+
 from tunebook import engine, profiles
 from tunebook.errors import ConfigError
 from tunebook.runner import claim_run_dir, new_run_id

@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+
 from tunebook import engine
 from tunebook.errors import ConfigError
 from tunebook.results import SweepDir, atomic_write_text, flatten, safe_name

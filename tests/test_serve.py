@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
+
 from tunebook import assemble, serve
 
 MIB = 1024**2

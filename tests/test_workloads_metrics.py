@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from tunebook.errors import ConfigError
 from tunebook.metrics import compare, meets_slo, percentile, spread, summarize
 from tunebook.workloads import FIRST_ORDINARY_ID, KINDS, check_fits, make_workload

@@ -12,9 +12,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tunebook", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the workbook headless (papermill) into runs/<run-id>/")
-    r.add_argument("--profile", help="params/<profile>.yaml or a path; default: detected (h200, gpu, cpu)")
+    r.add_argument(
+        "--profile", help="params/<profile>.yaml or a path; default: detected (h200, gpu, cpu)"
+    )
     r.add_argument("--run-id", help="run folder name under runs/ (default: <profile>-<timestamp>)")
-    r.add_argument("--notebook", action="append", help="run only this notebook (prefix ok, repeatable)")
+    r.add_argument(
+        "--notebook", action="append", help="run only this notebook (prefix ok, repeatable)"
+    )
     r.add_argument("--resume", action="store_true", help="continue an existing run folder")
     r.add_argument("--runs-dir", default=None, help="where run folders go (default: runs/)")
     r.add_argument("--no-report", action="store_true", help="skip the HTML report")

@@ -88,14 +88,20 @@ def runnable_settings(
             out[name] = value
             continue
         if name == "block_size" and isinstance(value, int) and value > 0:
-            ok = [b for b in valid_block_sizes(platform, candidates=(16, 32, 64, 128, 256)) if b >= value]
+            ok = [
+                b
+                for b in valid_block_sizes(platform, candidates=(16, 32, 64, 128, 256))
+                if b >= value
+            ]
             if ok:
                 out[name] = ok[0]
                 changes.append(
                     {"setting": name, "article": value, "run with": ok[0], "why": r["error"]}
                 )
                 continue
-        changes.append({"setting": name, "article": value, "run with": "(dropped)", "why": r["error"]})
+        changes.append(
+            {"setting": name, "article": value, "run with": "(dropped)", "why": r["error"]}
+        )
     base = base_settings or {}
     if "gpu_memory_utilization" in out and base.get("kv_cache_memory_bytes"):
         changes.append(
@@ -131,7 +137,11 @@ def points_frame(results: list[dict]):
         # Gauge peaks mean something only if the sampler (every 0.25 s) saw the run.
         row["sampled"] = len(p.get("timeline") or []) > 1
         if not row["sampled"]:
-            for k in ("kv_cache_usage_peak_pct", "num_requests_running_peak", "num_requests_waiting_peak"):
+            for k in (
+                "kv_cache_usage_peak_pct",
+                "num_requests_running_peak",
+                "num_requests_waiting_peak",
+            ):
                 if k in row:
                     row[k] = None
         rows.append(row)
@@ -234,9 +244,17 @@ def comparison(frames: dict, a: str, b: str, col: str) -> dict:
     return out
 
 
-def effective_settings(frames: dict, knobs=("gpu_memory_utilization", "max_num_batched_tokens",
-                                          "max_num_seqs", "block_size", "enable_prefix_caching",
-                                          "kv_capacity_tokens")):
+def effective_settings(
+    frames: dict,
+    knobs=(
+        "gpu_memory_utilization",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "block_size",
+        "enable_prefix_caching",
+        "kv_capacity_tokens",
+    ),
+):
     """What each configuration ran with, as the engine resolved it (one row per config)."""
     import pandas as pd
 
@@ -256,20 +274,32 @@ def article_qps_from_per_request(per_request_s: float, n_prompts: int = 3) -> di
     3.2 s over 3 prompts is 9.6 s of run time: 0.31 requests/s, not the ~10 QPS it also reports.
     """
     run_s = per_request_s * n_prompts
-    return {"per_request_s": per_request_s, "prompts": n_prompts, "run_s": run_s,
-            "implied_qps": n_prompts / run_s}
+    return {
+        "per_request_s": per_request_s,
+        "prompts": n_prompts,
+        "run_s": run_s,
+        "implied_qps": n_prompts / run_s,
+    }
 
 
-def concurrent_kv_need(shape: ModelShape, n_requests: int, tokens: int, kv_cache_dtype="auto") -> dict:
+def concurrent_kv_need(
+    shape: ModelShape, n_requests: int, tokens: int, kv_cache_dtype="auto"
+) -> dict:
     """KV bytes that n requests of ``tokens`` each hold at once (C6's '100 concurrent')."""
     per_tok = shape.kv_bytes_per_token(kv_cache_dtype)
     total = n_requests * tokens * per_tok
-    return {"requests": n_requests, "tokens_each": tokens, "bytes_per_token": per_tok,
-            "kv_bytes": total, "kv_gib": total / GIB}
+    return {
+        "requests": n_requests,
+        "tokens_each": tokens,
+        "bytes_per_token": per_tok,
+        "kv_bytes": total,
+        "kv_gib": total / GIB,
+    }
 
 
-def card_kv_space(shape: ModelShape, total_gib: float, gpu_memory_utilization: float,
-                  activation_gib: float = 0.0) -> float:
+def card_kv_space(
+    shape: ModelShape, total_gib: float, gpu_memory_utilization: float, activation_gib: float = 0.0
+) -> float:
     """An upper bound of the KV space (GiB) a card leaves: gmu x total - weights - activations."""
     return gpu_memory_utilization * total_gib - shape.weight_bytes() / GIB - activation_gib
 
@@ -281,5 +311,9 @@ def workload_need(spec: dict, shape: ModelShape, block_size: int) -> dict:
     wl = make_workload(spec, vocab_size=shape.vocab_size)
     toks = [max(r.prompt_len, 0) + r.max_tokens for r in wl.requests]
     blocks = sum(-(-t // block_size) for t in toks)
-    return {"requests": len(toks), "tokens": sum(toks), "blocks": blocks,
-            "tokens_max": max(toks, default=0)}
+    return {
+        "requests": len(toks),
+        "tokens": sum(toks),
+        "blocks": blocks,
+        "tokens_max": max(toks, default=0),
+    }

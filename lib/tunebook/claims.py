@@ -73,4 +73,6 @@ def table(verdicts: list[dict]):
     import pandas as pd
 
     cols = ["claim", "verdict", "figure", "spread", "evidence", "note", "text"]
-    return pd.DataFrame(verdicts).reindex(columns=cols + (["notebook"] if verdicts and "notebook" in verdicts[0] else []))
+    return pd.DataFrame(verdicts).reindex(
+        columns=cols + (["notebook"] if verdicts and "notebook" in verdicts[0] else [])
+    )

@@ -277,8 +277,14 @@ class Engine:
             # the AsyncLLM on one private loop for its whole life.
             self._loop = asyncio.new_event_loop()
 
+            from vllm.usage.usage_lib import UsageContext
+
             async def make():
-                return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs))
+                # Online mode stands for `vllm serve`: take the server's defaults (on a large GPU
+                # max_num_batched_tokens 8192 and max_num_seqs 1024), not the bare engine's 2048/128.
+                return AsyncLLM.from_engine_args(
+                    AsyncEngineArgs(**self.kwargs), usage_context=UsageContext.OPENAI_API_SERVER
+                )
 
             self.async_llm = self._drive(make())
             self.vllm_config = self.async_llm.vllm_config
@@ -706,6 +712,9 @@ def run_point(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **{k: str(v) for k, v in (point.get("env") or {}).items()}}
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
+        # for the notebook's own output must not reach the engine unless the point asks for it.
+        env["VLLM_LOGGING_LEVEL"] = str((point.get("env") or {}).get("VLLM_LOGGING_LEVEL", "INFO"))
         env[_PARENT_ENV] = str(os.getpid())  # the child kills its group if we die (SIGKILL)
         cmd = [
             sys.executable,

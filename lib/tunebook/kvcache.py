@@ -72,7 +72,9 @@ def formula_table(shape: ModelShape, seq_len: int = 4096, n_requests: int = 100)
                 "formula": label,
                 "bytes per token": bpt,
                 f"MiB per {seq_len} tokens": round(bpt * seq_len / MIB, 2),
-                f"GiB for {n_requests} x {seq_len} tokens": round(bpt * seq_len * n_requests / GIB, 3),
+                f"GiB for {n_requests} x {seq_len} tokens": round(
+                    bpt * seq_len * n_requests / GIB, 3
+                ),
                 "vs correct": round(bpt / correct, 4),
             }
         )
@@ -97,8 +99,14 @@ def max_concurrency_table(shape: ModelShape, kv_tokens: int, block_size: int, ma
     return pd.DataFrame(rows)
 
 
-def headroom_table(shape: ModelShape, cards: dict, gmus=(0.8, 0.85, 0.9, 0.95), seq_len=4096,
-                   kv_cache_dtype="auto", activation_gib: float = 0.0):
+def headroom_table(
+    shape: ModelShape,
+    cards: dict,
+    gmus=(0.8, 0.85, 0.9, 0.95),
+    seq_len=4096,
+    kv_cache_dtype="auto",
+    activation_gib: float = 0.0,
+):
     """Upper bound of KV capacity per card and gpu_memory_utilization: gmu x total - weights.
 
     vLLM also subtracts the activation peak of its profiling run and non-torch memory (CUDA
@@ -175,7 +183,9 @@ def capacity_table(results: list[dict], shape: ModelShape):
                 "config": p.get("config"),
                 "repeat": p.get("repeat"),
                 "kv_cache_dtype": dt,
-                "gpu_memory_utilization": cap.get("gpu_memory_utilization", s.get("gpu_memory_utilization")),
+                "gpu_memory_utilization": cap.get(
+                    "gpu_memory_utilization", s.get("gpu_memory_utilization")
+                ),
                 "max_model_len": cap.get("max_model_len"),
                 "KV memory (MiB)": round(mem / MIB, 2) if mem is not None else None,
                 "KV memory from": src,
@@ -183,10 +193,15 @@ def capacity_table(results: list[dict], shape: ModelShape):
                 "bytes per token": shape.kv_bytes_per_token(dt),
                 "predicted tokens": pred,
                 "engine tokens": eng,
-                "residual %": round(100.0 * (eng - pred) / pred, 3) if pred and eng is not None else None,
+                "residual %": round(100.0 * (eng - pred) / pred, 3)
+                if pred and eng is not None
+                else None,
                 "max concurrency at max_model_len": (
-                    round(eng / (-(-cap["max_model_len"] // cap["block_size"]) * cap["block_size"]), 2)
-                    if eng and cap.get("max_model_len") and cap.get("block_size") else None
+                    round(
+                        eng / (-(-cap["max_model_len"] // cap["block_size"]) * cap["block_size"]), 2
+                    )
+                    if eng and cap.get("max_model_len") and cap.get("block_size")
+                    else None
                 ),
             }
         )
@@ -354,8 +369,11 @@ def prefix_table(results: list[dict], shape: ModelShape):
         bs = int(cap["block_size"])
         pred = prefix_prediction(spec, shape, bs, enabled)
         blocks_total = cap.get("num_gpu_blocks") or 0
-        peak_blocks = ((m.get("kv_cache_usage_peak_pct") or 0.0) / 100.0 * blocks_total
-                       if sampled(p) else float("nan"))
+        peak_blocks = (
+            (m.get("kv_cache_usage_peak_pct") or 0.0) / 100.0 * blocks_total
+            if sampled(p)
+            else float("nan")
+        )
         rows.append(
             {
                 "config": p.get("config"),
@@ -402,7 +420,9 @@ def _pair(a: list[dict], b: list[dict]) -> dict:
         "requests": nreq,
         "token agreement %": 100.0 * agree / pos if pos else float("nan"),
         "identical outputs %": 100.0 * same / nreq if nreq else float("nan"),
-        "mean first divergence (tokens)": statistics.fmean(first_div) if first_div else float("nan"),
+        "mean first divergence (tokens)": statistics.fmean(first_div)
+        if first_div
+        else float("nan"),
         "mean |d logprob| (same context)": statistics.fmean(dlp) if dlp else float("nan"),
         "max |d logprob| (same context)": max(dlp) if dlp else float("nan"),
         "mean |d logprob| first token": statistics.fmean(dlp_first) if dlp_first else float("nan"),
@@ -418,7 +438,9 @@ def drift_table(results: list[dict], reference: str):
     import pandas as pd
 
     ok = [p for p in results if p.get("status") == "ok" and p.get("requests")]
-    refs = sorted((p for p in ok if p.get("config") == reference), key=lambda p: p.get("repeat") or 0)
+    refs = sorted(
+        (p for p in ok if p.get("config") == reference), key=lambda p: p.get("repeat") or 0
+    )
     if not refs:
         return pd.DataFrame()
     ref = refs[0]
@@ -478,14 +500,24 @@ def same_memory_groups(cap_df):
         if g["max_model_len"].nunique() < 2:
             continue
         for mml, gg in g.groupby("max_model_len"):
-            rows.append({**dict(zip(keys, k, strict=True)), "max_model_len": int(mml),
-                         "engine tokens": sorted(set(int(t) for t in gg["engine tokens"])),
-                         "engines": len(gg)})
+            rows.append(
+                {
+                    **dict(zip(keys, k, strict=True)),
+                    "max_model_len": int(mml),
+                    "engine tokens": sorted(set(int(t) for t in gg["engine tokens"])),
+                    "engines": len(gg),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- a checkpoint for drift
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+)
 
 
 def random_init_checkpoint(model: str, seed: int = 0, root: str | None = None):
@@ -516,7 +548,11 @@ def random_init_checkpoint(model: str, seed: int = 0, root: str | None = None):
     cfg = AutoConfig.from_pretrained(src)
     torch.manual_seed(seed)
     net = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=root_p.mkdir(parents=True, exist_ok=True) or root_p))
+    tmp = Path(
+        tempfile.mkdtemp(
+            prefix=f".{dest.name}.", dir=root_p.mkdir(parents=True, exist_ok=True) or root_p
+        )
+    )
     net.save_pretrained(tmp, safe_serialization=True)
     for name in TOKENIZER_FILES:
         if (src / name).is_file():

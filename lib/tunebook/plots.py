@@ -12,7 +12,9 @@ def _agg(df, x: str, y: str, color: str | None):
     return g.median().reset_index(), g.min().reset_index(), g.max().reset_index()
 
 
-def bar_with_spread(df, x: str, y: str, color: str | None = None, title: str = "", yaxis: str | None = None):
+def bar_with_spread(
+    df, x: str, y: str, color: str | None = None, title: str = "", yaxis: str | None = None
+):
     """Median bar per group with min-max whiskers (repeats over engine starts)."""
     med, lo, hi = _agg(df, x, y, color)
     fig = go.Figure()
@@ -24,13 +26,28 @@ def bar_with_spread(df, x: str, y: str, color: str | None = None, title: str = "
             x=m[x].astype(str),
             y=m[y],
             name=str(gname) if color else y,
-            error_y=dict(type="data", symmetric=False, array=(mx[y] - m[y]).tolist(), arrayminus=(m[y] - mn[y]).tolist()),
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=(mx[y] - m[y]).tolist(),
+                arrayminus=(m[y] - mn[y]).tolist(),
+            ),
         )
-    fig.update_layout(title=title, barmode="group", xaxis_title=x, yaxis_title=yaxis or y, template="plotly_white")
+    fig.update_layout(
+        title=title, barmode="group", xaxis_title=x, yaxis_title=yaxis or y, template="plotly_white"
+    )
     return fig
 
 
-def line_with_spread(df, x: str, y: str, color: str | None = None, title: str = "", log_x: bool = False, yaxis: str | None = None):
+def line_with_spread(
+    df,
+    x: str,
+    y: str,
+    color: str | None = None,
+    title: str = "",
+    log_x: bool = False,
+    yaxis: str | None = None,
+):
     """Median line per group with a min-max band."""
     med, lo, hi = _agg(df, x, y, color)
     fig = go.Figure()
@@ -39,8 +56,18 @@ def line_with_spread(df, x: str, y: str, color: str | None = None, title: str = 
         sel = (med[color] == gname) if color else slice(None)
         m, mn, mx = med[sel], lo[sel], hi[sel]
         name = str(gname) if color else y
-        fig.add_scatter(x=m[x], y=m[y], mode="lines+markers", name=name,
-                        error_y=dict(type="data", symmetric=False, array=(mx[y] - m[y]).tolist(), arrayminus=(m[y] - mn[y]).tolist()))
+        fig.add_scatter(
+            x=m[x],
+            y=m[y],
+            mode="lines+markers",
+            name=name,
+            error_y=dict(
+                type="data",
+                symmetric=False,
+                array=(mx[y] - m[y]).tolist(),
+                arrayminus=(m[y] - mn[y]).tolist(),
+            ),
+        )
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=yaxis or y, template="plotly_white")
     if log_x:
         fig.update_xaxes(type="log")
@@ -56,29 +83,60 @@ def timeline(samples: list[dict], title: str = "engine state during the run"):
         ("vllm:num_requests_running", "running"),
         ("vllm:num_requests_waiting", "waiting"),
     ):
-        fig.add_scatter(x=t, y=[s.get(key, 0) for s in samples], name=name, mode="lines",
-                        yaxis="y" if key.endswith("perc") else "y2")
-    fig.update_layout(title=title, xaxis_title="time (s)", template="plotly_white",
-                      yaxis=dict(title="KV usage", range=[0, 1]),
-                      yaxis2=dict(title="requests", overlaying="y", side="right"))
+        fig.add_scatter(
+            x=t,
+            y=[s.get(key, 0) for s in samples],
+            name=name,
+            mode="lines",
+            yaxis="y" if key.endswith("perc") else "y2",
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title="time (s)",
+        template="plotly_white",
+        yaxis=dict(title="KV usage", range=[0, 1]),
+        yaxis2=dict(title="requests", overlaying="y", side="right"),
+    )
     return fig
 
 
-def predicted_vs_measured(df, predicted: str, measured: str, label: str, title: str = "",
-                          log: bool = False, unit: str = ""):
+def predicted_vs_measured(
+    df,
+    predicted: str,
+    measured: str,
+    label: str,
+    title: str = "",
+    log: bool = False,
+    unit: str = "",
+):
     """Measured (engine-reported) against predicted values, one marker per row, with y = x."""
     ok = df.dropna(subset=[predicted, measured])
     fig = go.Figure()
-    fig.add_scatter(x=ok[predicted], y=ok[measured], mode="markers+text", text=ok[label].astype(str),
-                    textposition="top center", name="engines")
+    fig.add_scatter(
+        x=ok[predicted],
+        y=ok[measured],
+        mode="markers+text",
+        text=ok[label].astype(str),
+        textposition="top center",
+        name="engines",
+    )
     if len(ok):
         lo = float(min(ok[predicted].min(), ok[measured].min()))
         hi = float(max(ok[predicted].max(), ok[measured].max()))
-        fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="measured = predicted",
-                        line=dict(dash="dot", color="grey"))
+        fig.add_scatter(
+            x=[lo, hi],
+            y=[lo, hi],
+            mode="lines",
+            name="measured = predicted",
+            line=dict(dash="dot", color="grey"),
+        )
     suffix = f" ({unit})" if unit else ""
-    fig.update_layout(title=title, xaxis_title=f"predicted{suffix}", yaxis_title=f"engine{suffix}",
-                      template="plotly_white")
+    fig.update_layout(
+        title=title,
+        xaxis_title=f"predicted{suffix}",
+        yaxis_title=f"engine{suffix}",
+        template="plotly_white",
+    )
     if log:
         fig.update_xaxes(type="log")
         fig.update_yaxes(type="log")
@@ -102,12 +160,21 @@ def panels(df, x: str, ys: list, color: str | None = None, title: str = "", log_
             sel = (med[color] == gname) if color else slice(None)
             m, mn, mx = med[sel], lo[sel], hi[sel]
             fig.add_scatter(
-                x=m[x], y=m[y], mode="lines+markers", name=str(gname) if color else y,
-                legendgroup=str(gname), showlegend=(i == 1 and color is not None),
+                x=m[x],
+                y=m[y],
+                mode="lines+markers",
+                name=str(gname) if color else y,
+                legendgroup=str(gname),
+                showlegend=(i == 1 and color is not None),
                 line=dict(color=palette[j % len(palette)]),
-                error_y=dict(type="data", symmetric=False, array=(mx[y] - m[y]).tolist(),
-                             arrayminus=(m[y] - mn[y]).tolist()),
-                row=1, col=i,
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=(mx[y] - m[y]).tolist(),
+                    arrayminus=(m[y] - mn[y]).tolist(),
+                ),
+                row=1,
+                col=i,
             )
         fig.update_xaxes(title_text=x, type="log" if log_x else None, row=1, col=i)
     fig.update_layout(title=title, template="plotly_white", height=380)

@@ -123,7 +123,9 @@ def run_sweep(
                 todo, finish, timeout_s=timeout_s, isolate=isolate, log_dir=sweep.root / "logs"
             )
         else:
-            raise ConfigError(f"executor must be 'local' or 'ray', got {executor!r}", key="executor")
+            raise ConfigError(
+                f"executor must be 'local' or 'ray', got {executor!r}", key="executor"
+            )
     finally:
         if bar is not None:
             bar.close()

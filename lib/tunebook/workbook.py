@@ -40,7 +40,9 @@ class Workbook:
     def sweep_dir(self, name: str) -> Path:
         return self.root / safe_name(name, "sweep name")
 
-    def points(self, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra) -> list[dict]:
+    def points(
+        self, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra
+    ) -> list[dict]:
         base = {
             "model": self.model,
             "settings": dict(self.engine_settings),
