@@ -1,8 +1,8 @@
 """The assembly explorer in a real browser: JupyterLab, headless Chromium, Playwright.
 
 What it checks: a notebook that shows ``tunebook.explorer.Explorer`` (as section 6 of
-04_assemble_config does) runs in JupyterLab, its widgets render, and moving the p99 TTFT slider in
-the page changes the recommendation shown in the page (the front-end -> kernel -> front-end round
+04_assemble_config does) runs in JupyterLab, its widgets render, and typing into the p99 TTFT field in
+the page (the field with class ``tunebook-slo-ttft``) changes the recommendation shown in the page (the front-end -> kernel -> front-end round
 trip of ipywidgets), not only the text of the SLO but the decision itself.
 
 The saved results are synthetic, written with ``tunebook.results.SweepDir`` in the run layout
@@ -155,6 +155,32 @@ def test_saved_run_decision_depends_on_the_ttft_slo(tmp_path):
     tight = assemble.choose(sweeps, "high_concurrency_chat", {"ttft_ms": 600, "tpot_ms": 200}, BASE)
     assert loose["changed"] == {"max_num_seqs": 512}
     assert tight["changed"] == {}
+
+
+def test_explorer_keeps_exact_slo_and_offers_goodput(tmp_path):
+    """Without a browser: the SLO fields hold the exact numbers given, and the metric dropdown
+    offers goodput_rps (computed under the SLO, absent from the saved rows), chosen by default for
+    high_concurrency_chat."""
+    from tunebook.explorer import SLO_TPOT_CLASS, SLO_TTFT_CLASS, Explorer
+
+    write_saved_run(tmp_path)
+    ex = Explorer(
+        tmp_path,
+        scenario="high_concurrency_chat",
+        slo_ttft_ms=1000.0,
+        slo_tpot_ms=200.0,
+        base_settings=BASE,
+        figure_widget=False,
+    )
+    assert ex.slo == {"ttft_ms": 1000.0, "tpot_ms": 200.0}
+    assert SLO_TTFT_CLASS in ex.ttft._dom_classes and SLO_TPOT_CLASS in ex.tpot._dom_classes
+    assert "goodput_rps" in ex.metric.options
+    assert ex.metric.value == "goodput_rps"
+    assert "ttft_ms &lt;= 1000" in ex.recommendation.value
+    ex.metric.value = "ttft_p99_ms"
+    ex.ttft.value = 600.0
+    assert ex.slo["ttft_ms"] == 600.0 and ex.choice["changed"] == {}
+    assert ex.metric.value == "ttft_p99_ms"  # an SLO change keeps the metric being looked at
 
 
 # --------------------------------------------------------------------------- JupyterLab
@@ -348,11 +374,12 @@ def test_explorer_recommendation_follows_the_ttft_slider(lab):
             before = rec.inner_text()
             assert "ttft_ms <= 1000" in before, before
 
-            # The p99 TTFT slider: type 600 into its readout (a contenteditable field) and Enter.
-            slider = page.locator(".widget-slider", has=page.locator("label", has_text="p99 TTFT"))
-            expect(slider).to_have_count(1)
-            readout = slider.locator(".widget-readout")
-            assert readout.inner_text().strip() == "1000"
+            # The p99 TTFT field (found by its class): type 600 and Enter.
+            ttft = page.locator(".tunebook-slo-ttft")
+            expect(ttft).to_have_count(1)
+            expect(ttft.locator("label")).to_contain_text("p99 TTFT")
+            readout = ttft.locator("input")
+            assert float(readout.input_value()) == 1000
             readout.click()
             page.keyboard.press("Control+A")
             page.keyboard.type("600")
@@ -362,10 +389,11 @@ def test_explorer_recommendation_follows_the_ttft_slider(lab):
             expect(rec).to_contain_text("Keep vLLM's defaults", timeout=CHANGE_S * 1000)
             after = rec.inner_text()
             assert "Set max_num_seqs" not in after, after
-            # A log slider keeps values on its grid (step 0.05 in log10): 600 lands on 10**2.8.
+            # The field keeps the exact number (a log slider would have snapped it to its grid).
             m = re.search(r"ttft_ms <= ([0-9.]+)", after)
             assert m and 500 < float(m.group(1)) < 800, after
-            assert float(readout.inner_text()) == pytest.approx(float(m.group(1)), rel=0.01)
+            assert float(m.group(1)) == 600, after
+            assert float(readout.input_value()) == pytest.approx(float(m.group(1)), rel=0.01)
 
             # The serve command under the recommendation follows too.
             cmd = page.locator(".tunebook-serve-command")

@@ -4,7 +4,8 @@
                   base_settings=engine_settings, model="tiny-ernie")
     ex            # in Jupyter: controls, the recommendation, a figure
 
-Controls: scenario, SLO sliders (p99 TTFT, median TPOT), the sweep and metric to plot, the
+Controls: scenario, SLO fields (p99 TTFT, median TPOT; exact numbers, classes
+``tunebook-slo-ttft`` / ``tunebook-slo-tpot``), the sweep and metric to plot, the
 configurations to compare. Every change recomputes ``assemble.choose`` on the results already on
 disk (no engine starts) and redraws the figure. The recommendation is an HTML widget with the CSS
 class ``tunebook-recommendation`` (a browser test finds it by that class).
@@ -21,7 +22,16 @@ import plotly.graph_objects as go
 
 from . import assemble
 
+
+def pd_is_numeric(col) -> bool:
+    from pandas.api.types import is_numeric_dtype
+
+    return bool(is_numeric_dtype(col))
+
+
 RECOMMENDATION_CLASS = "tunebook-recommendation"
+SLO_TTFT_CLASS = "tunebook-slo-ttft"
+SLO_TPOT_CLASS = "tunebook-slo-tpot"
 
 
 # --------------------------------------------------------------------------- figures
@@ -163,26 +173,26 @@ class Explorer:
         self.scenario = W.Dropdown(
             options=list(assemble.SCENARIOS), value=scenario, description="scenario"
         )
-        self.ttft = W.FloatLogSlider(
-            value=slo_ttft_ms,
-            base=10,
-            min=0,
-            max=5,
-            step=0.05,
+        # Exact numbers, not log sliders: a log slider snaps to its grid in the browser and sends
+        # the snapped value back on first render (200 -> 199.526), which would change the SLO.
+        self.ttft = W.BoundedFloatText(
+            value=float(slo_ttft_ms),
+            min=1.0,
+            max=1e6,
+            step=50.0,
             description="p99 TTFT ≤ (ms)",
-            readout_format=".4g",
             style={"description_width": "initial"},
         )
-        self.tpot = W.FloatLogSlider(
-            value=slo_tpot_ms,
-            base=10,
-            min=0,
-            max=4,
-            step=0.05,
+        self.ttft.add_class(SLO_TTFT_CLASS)
+        self.tpot = W.BoundedFloatText(
+            value=float(slo_tpot_ms),
+            min=0.1,
+            max=1e5,
+            step=5.0,
             description="median TPOT ≤ (ms)",
-            readout_format=".4g",
             style={"description_width": "initial"},
         )
+        self.tpot.add_class(SLO_TPOT_CLASS)
         keys = list(self.plottable)
         self.sweep = W.Dropdown(
             options=keys or ["(none)"], value=keys[0] if keys else "(none)", description="sweep"
@@ -207,8 +217,9 @@ class Explorer:
             self.sweep.value = f"{first[0]['notebook']}/{first[0]['sweep']}"
         self._fill_sweep_controls()
         self.recompute()
-        for w in (self.scenario, self.ttft, self.tpot):
-            w.observe(self._on_choice, names="value")
+        self.scenario.observe(self._on_choice, names="value")
+        for w in (self.ttft, self.tpot):
+            w.observe(self._on_slo, names="value")
         self.sweep.observe(self._on_sweep, names="value")
         for w in (self.metric, self.configs):
             w.observe(self._on_plot, names="value")
@@ -247,24 +258,42 @@ class Explorer:
                 return d
         return None
 
-    def _fill_sweep_controls(self) -> None:
+    def _fill_sweep_controls(self, keep_metric: bool = False) -> None:
         sw = self.plottable.get(self.sweep.value)
+        current = self.metric.value
         self._busy = True
         try:
             if sw is None:
                 self.metric.options, self.configs.options = ["(none)"], []
                 return
-            names = sw.metric_names() or ["(none)"]
+            names = self.metric_names(sw) or ["(none)"]
             want = next(
                 (m for m, _ in assemble.SCENARIOS[self.scenario.value].objectives if m in names),
                 names[0],
             )
+            if keep_metric and current in names:
+                want = current
             self.metric.options = names
             self.metric.value = want
             self.configs.options = sw.configs
             self.configs.value = tuple(sw.configs)
         finally:
             self._busy = False
+
+    def metric_names(self, sw: assemble.Sweep) -> list[str]:
+        """Numeric columns of the sweep's frame under the current SLO (so ``goodput_rps``, which
+        is computed under the SLO, is offered too), identifiers and settings left out."""
+        df = sw.frame(self.slo)
+        names = []
+        for c in df.columns:
+            if c in assemble._IDENT or str(c).startswith("setting:"):
+                continue
+            col = df[c]
+            if col.dtype == bool or str(col.dtype) == "boolean":
+                continue
+            if pd_is_numeric(col) and col.notna().any():
+                names.append(str(c))
+        return names
 
     def figure(self):
         """The current plot as a plain plotly Figure (what the widget shows)."""
@@ -308,6 +337,10 @@ class Explorer:
     # -- events
     def _on_choice(self, _change) -> None:
         self._fill_sweep_controls()
+        self.recompute()
+
+    def _on_slo(self, _change) -> None:
+        self._fill_sweep_controls(keep_metric=True)  # the SLO changes goodput, not what is plotted
         self.recompute()
 
     def _on_sweep(self, _change) -> None:
