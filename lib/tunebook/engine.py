@@ -688,18 +688,21 @@ def run_point(
     log_path: str | Path | None = None,
     progress_path: str | Path | None = None,
     on_spawn=None,
+    on_sample=None,
 ) -> dict:
     """Run one point and always return a result dict; a failure is a result with its error.
 
     Validation errors (bad settings, workloads that cannot fit) are raised: they are the user's
     input to fix, found before any engine starts. ``on_spawn(pid)`` is called with the isolated
-    child's pid (also its process group id) as soon as it starts.
+    child's pid (also its process group id) as soon as it starts. ``on_sample(dict)`` gets the
+    engine's metrics samples of an in-process point (``isolate=False``); an isolated child appends
+    them as JSON lines to ``progress_path`` instead.
     """
     prepare(point)  # raises ConfigError early, in the caller's process
     if not isolate:
         with point_env(point.get("env")):
             try:
-                return execute(point)
+                return execute(point, on_sample=on_sample)
             except Exception as e:
                 res = _skeleton(point, None)
                 res["error"] = f"{type(e).__name__}: {e}"

@@ -59,6 +59,41 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="point")
 
 
+def _in_jupyter() -> bool:
+    from .live import in_jupyter
+
+    return in_jupyter()
+
+
+def _run_point_live(p: dict, panel, isolate: bool, timeout_s, log_path: Path) -> dict:
+    """run_point with the live panel fed: on_sample in-process, a tailed progress file isolated."""
+    from .engine import run_point
+
+    panel.start_point(p["point_id"])
+    if not isolate:
+        result = run_point(
+            p, isolate=False, timeout_s=timeout_s, log_path=log_path, on_sample=panel.update
+        )
+    else:
+        from .live import ProgressTail
+
+        progress = log_path.with_name(f"{p['point_id']}.progress.jsonl")
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        progress.unlink(missing_ok=True)
+        tail = ProgressTail(progress, panel.update)
+        tail.start()
+        try:
+            result = run_point(
+                p, isolate=True, timeout_s=timeout_s, log_path=log_path, progress_path=progress
+            )
+        finally:
+            tail.stop()
+        if result.get("status") == "ok":
+            progress.unlink(missing_ok=True)  # the result's timeline has the same samples
+    panel.end_point(result)
+    return result
+
+
 def run_sweep(
     points: list[dict],
     out_dir: str | Path,
@@ -69,11 +104,16 @@ def run_sweep(
     timeout_s: float | None = 3600,
     on_result: Callable[[dict], None] | None = None,
     desc: str | None = None,
+    live: bool | None = None,
 ):
     """Run points, writing ``<point_id>.json`` as each finishes and ``summary.csv`` at the end.
 
     Returns the sweep's DataFrame (every point in the folder, failed ones with their error).
     ``executor="ray"`` hands the points to tunebook.ray_executor (optional extra).
+    ``live`` shows the engine's state while each point runs (tunebook.live.LivePanel: a widget in
+    Jupyter, a log line every few seconds elsewhere); None means on in a Jupyter kernel only. The
+    local executor only: an isolated point's samples come through ``logs/<point>.progress.jsonl``
+    (removed once the point is ``ok``).
     """
     from .engine import prepare
 
@@ -107,15 +147,20 @@ def run_sweep(
             from .engine import run_point
 
             logs = sweep.root / "logs"
+            panel = None
+            if todo and (live if live is not None else _in_jupyter()):
+                from .live import LivePanel
+
+                panel = LivePanel(desc or Path(out_dir).name, total=len(todo))
             for p in todo:
-                finish(
-                    run_point(
-                        p,
-                        isolate=isolate,
-                        timeout_s=timeout_s,
-                        log_path=logs / f"{p['point_id']}.log",
-                    )
-                )
+                log_path = logs / f"{p['point_id']}.log"
+                if panel is None:
+                    result = run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path)
+                else:
+                    result = _run_point_live(p, panel, isolate, timeout_s, log_path)
+                finish(result)
+            if panel is not None:
+                panel.close()
         elif executor == "ray":
             from .ray_executor import run_points_ray
 
