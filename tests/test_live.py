@@ -106,13 +106,11 @@ def test_in_process_point_feeds_on_sample_while_it_runs(base_point, tmp_path, mo
     seen = []
     p = {**base_point, "point_id": "live"}
     p["workload"] = {**p["workload"], "num_requests": 16, "output_len": 24}
-    t0 = time.monotonic()
     res = engine.run_point(p, isolate=False, on_sample=seen.append)
     assert res["status"] == "ok", res.get("error")
     assert seen, "no samples reached the callback"
     assert all(GEN_TOKENS in s and RUNNING in s and KV in s for s in seen)
     assert seen[-1][GEN_TOKENS] > seen[0][GEN_TOKENS] or len(seen) == 1
-    assert time.monotonic() - t0 < 20
 
     # Through run_sweep(live=True): the panel (log lines outside Jupyter) saw the point.
     lines = []
