@@ -15,7 +15,7 @@ test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q tests
 	rm -rf tests/golden/_nbval_run
-	$(PY) -m pytest -q --nbval-lax --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider tests/golden
+	$(PY) -m pytest -q --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider tests/golden
 
 # Regenerate the nbval goldens: the notebooks executed on the cpu profile, run folder relative.
 goldens: setup
