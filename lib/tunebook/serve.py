@@ -229,14 +229,9 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> dict:
             pass
     clean = proc.poll() is not None
     # Whatever is left of the group (EngineCore, workers) goes too.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    from .engine import kill_group
+
+    kill_group(proc)
     return {"clean": clean, "returncode": proc.returncode, "stop_s": time.perf_counter() - t0}
 
 
