@@ -6,6 +6,8 @@ folder, writes there and 04 finds the results of 00-03.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,17 @@ import papermill as pm
 from tunebook.profiles import NOTEBOOKS, NOTEBOOKS_DIR, load_profile, notebook_params
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"
+
+
+def neutral_paths(nb) -> None:
+    """Checkout and home paths out of the outputs nbval does not compare (marked cells are
+    sanitised by tests/nbval_sanitize.cfg instead)."""
+    root, home = str(GOLDEN.parents[1]) + "/", os.path.expanduser("~").rstrip("/") + "/"
+    for cell in nb.cells:
+        if cell.cell_type != "code" or cell.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT"):
+            continue
+        text = json.dumps(cell.outputs).replace(root, "").replace(home, "~/")
+        cell.outputs = nbformat.from_dict(json.loads(text))
 
 
 def main() -> None:
@@ -35,6 +48,10 @@ def main() -> None:
         # The saved widget state (the explorer's plotly bundle, ~5 MB) is not compared by nbval.
         nb = nbformat.read(GOLDEN / f"{name}.ipynb", as_version=4)
         nb.metadata.pop("widgets", None)
+        nb.metadata.get("papermill", {}).update(
+            input_path=f"notebooks/{name}.ipynb", output_path=None
+        )
+        neutral_paths(nb)
         nbformat.write(nb, GOLDEN / f"{name}.ipynb")
     shutil.rmtree(GOLDEN / "_nbval_run", ignore_errors=True)
 

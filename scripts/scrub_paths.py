@@ -1,0 +1,47 @@
+"""Make saved outputs machine-neutral: absolute paths of the checkout become repo-relative.
+
+    python scripts/scrub_paths.py runs/<run-id> [--prefix /abs/checkout/] [--home /root/]
+
+Rewrites text files (.ipynb, .json, .csv, .log, .md) in place. The nbval goldens get the same
+treatment from make_goldens.py (only in outputs nbval does not compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUFFIXES = {".ipynb", ".json", ".csv", ".log", ".md", ".jsonl", ".html"}
+
+
+def scrub_text(text: str, prefixes: list[str], home: str) -> str:
+    for p in prefixes:
+        text = text.replace(p, "")
+    return text.replace(home, "~/") if home and home != "/" else text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("folders", nargs="+")
+    ap.add_argument("--prefix", action="append", default=[], help="checkout path(s) to strip")
+    ap.add_argument("--home", default=os.path.expanduser("~").rstrip("/") + "/")
+    args = ap.parse_args()
+    prefixes = args.prefix or [str(ROOT) + "/"]
+    n = 0
+    for folder in args.folders:
+        for p in Path(folder).rglob("*"):
+            if p.is_file() and p.suffix in SUFFIXES:
+                old = p.read_text(errors="replace")
+                new = scrub_text(old, prefixes, args.home)
+                if new != old:
+                    p.write_text(new)
+                    n += 1
+    print(f"scrubbed {n} files")
+
+
+if __name__ == "__main__":
+    main()
