@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run workbook steps on a GPU node inside a time budget, then pack the run folder.
 #   bash scripts/gpu_run.sh <run-id> <budget-seconds> <step>...
-# steps: bench (harness overhead benchmark), 00 01 02 03 04 (notebooks, resumable).
+# steps: bench (harness overhead benchmark), roofline (decode/prefill vs the roofline floor),
+#        00 01 02 03 04 (notebooks, resumable).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
 # packed into $OUT/run.tgz (or ./run.tgz) whatever happened.
@@ -21,6 +22,8 @@ for step in "$@"; do
   case $step in
     bench) timeout -k 5 "$l" python3 benchmarks/harness_overhead.py --profile h200 --starts 3 --repeats 3 \
              --out "runs/$rid/bench/harness_overhead.json" 2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -20 ;;
+    roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
+             2>&1 | tail -20 ;;
     *) timeout -k 5 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \
          --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -20 ;;
   esac
