@@ -29,4 +29,8 @@ for step in "$@"; do
   esac
 done
 tar czf "$out/run.tgz" -C runs "$rid"
+# Files that come back from a node may be size-capped: split a large archive (cat run.tgz.* to join).
+if (( $(stat -c %s "$out/run.tgz") > 15000000 )); then
+  split -b 15000000 -d -a 1 "$out/run.tgz" "$out/run.tgz." && rm "$out/run.tgz"
+fi
 echo "[gpu_run] packed runs/$rid in $(( $(date +%s) - start ))s"
