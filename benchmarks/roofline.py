@@ -71,7 +71,12 @@ def main() -> None:
     )
     ap.add_argument("--no-trace", action="store_true", help="skip the profiler pass")
     ap.add_argument("--out", default="runs/bench/roofline")
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="rebuild --out's rows from its saved timings and trace, no engine")  # fmt: skip
     args = ap.parse_args()
+    if args.reanalyse:
+        report(reanalyse(Path(args.out)), Path(args.out))
+        return
     prof = PROFILES[args.profile]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,14 +111,9 @@ def say(msg: str) -> None:
 
 def measure(prof: dict, args, out: Path) -> dict:
     from tunebook.engine import Engine, parse_log, vllm_version
-    from tunebook.metrics import spread
     from tunebook.model import load_shape
-    from tunebook.prefill import prefill_floor_ms
     from tunebook.roofline import (
-        decode_floor_ms,
-        decode_runs,
         load_trace,
-        prefill_runs,
         step_phases,
     )
     from tunebook.workloads import make_workload
@@ -186,6 +186,32 @@ def measure(prof: dict, args, out: Path) -> dict:
         }
     )
 
+    rows = build_rows(prof, shape, decode, prefill, runs)
+    return {
+        "profile": args.profile,
+        "model": prof["model"],
+        "peak_tflops": peak,
+        "hbm_tb_s": bw,
+        "repeats": args.repeats,
+        "rows": rows,
+        "raw_ms": {
+            "decode_step": {str(k): v for k, v in decode.items()},
+            "prefill": {str(k): v for k, v in prefill.items()},
+        },
+        "profiled_step_runs": runs,
+        "seconds": time.perf_counter() - t0,
+        "env": env,
+    }
+
+
+def build_rows(prof: dict, shape, decode: dict, prefill: dict, runs: list[dict]) -> list[dict]:
+    """One row per batch size and prompt length: step time, floor, fraction, GPU share."""
+    from tunebook.metrics import spread
+    from tunebook.prefill import prefill_floor_ms
+    from tunebook.roofline import decode_floor_ms, decode_runs, prefill_runs
+
+    peak, bw = prof["peak_tflops"], prof["hbm_tb_s"]
+    rows: list[dict] = []
     context = prof["prompt_len"] + prof["output_len"] / 2  # mean context over the decode
     for b, vals in decode.items():
         row = {
@@ -228,21 +254,25 @@ def measure(prof: dict, args, out: Path) -> dict:
             row["gpu_busy_ms"] = prof_runs[0]["gpu_busy_ms"]
             row["gpu_share_of_step"] = prof_runs[0]["gpu_busy_ms"] / s["median"]
         rows.append(row)
-    return {
-        "profile": args.profile,
-        "model": prof["model"],
-        "peak_tflops": peak,
-        "hbm_tb_s": bw,
-        "repeats": args.repeats,
-        "rows": rows,
-        "raw_ms": {
-            "decode_step": {str(k): v for k, v in decode.items()},
-            "prefill": {str(k): v for k, v in prefill.items()},
-        },
-        "profiled_step_runs": runs,
-        "seconds": time.perf_counter() - t0,
-        "env": env,
-    }
+    return rows
+
+
+def reanalyse(folder: Path) -> dict:
+    """Rebuild the rows of a saved result from its raw timings and trace (no engine)."""
+    from tunebook.model import load_shape
+    from tunebook.roofline import load_trace, step_phases
+
+    result = json.loads((folder / "roofline.json").read_text())
+    prof = {**PROFILES[result["profile"]], "peak_tflops": result["peak_tflops"],
+            "hbm_tb_s": result["hbm_tb_s"]}  # fmt: skip
+    raw = result["raw_ms"]
+    decode = {int(k): v for k, v in raw["decode_step"].items()}
+    prefill = {int(k): v for k, v in raw["prefill"].items()}
+    trace = folder / "trace.json.gz"
+    runs = step_phases(load_trace(trace)) if trace.exists() else []
+    result["profiled_step_runs"] = runs
+    result["rows"] = build_rows(prof, load_shape(result["model"]), decode, prefill, runs)
+    return result
 
 
 def wait_for_traces(trace_dir: Path, timeout_s: float = 120.0) -> list[Path]:

@@ -54,6 +54,7 @@ from IPython.display import Markdown, display
 import tunebook.assemble as assemble
 import tunebook.claims as claims
 import tunebook.engine as engine
+import tunebook.results
 import tunebook.serve as serve
 import tunebook.workbook
 from tunebook.explorer import Explorer, decision_figure, ratio_bars
@@ -81,6 +82,9 @@ scenario: str = "high_concurrency_chat"  # one of high_concurrency_chat, long_do
 slo_ttft_ms: float = 2000.0  # SLO: p99 time to first token, ms (per request for goodput)
 slo_tpot_ms: float = 200.0  # SLO: median time per output token, ms (per request for goodput)
 validate: bool = True  # run the side-by-side validation (the only engine use in this notebook)
+validate_saved_only: bool = (
+    False  # report the validation points already saved, start no engine (a run cut short)
+)
 validation_workload: dict = {}  # keys merged over the scenario's validation workload, e.g. {"num_requests": 16}
 validation_mode: str = (
     "offline"  # "offline" (LLM.generate, all at once) or "online" (AsyncLLM, streamed)
@@ -114,11 +118,19 @@ slo = {"ttft_ms": float(slo_ttft_ms), "tpot_ms": float(slo_tpot_ms)}
 out_dir = Path(run_dir) / "04_assemble_config"
 out_dir.mkdir(parents=True, exist_ok=True)
 os.environ.update({k: str(v) for k, v in engine_env.items()})
-platform = engine.platform_name()
+platform, vllm_version = engine.platform_name(), engine.vllm_version()
+if validate_saved_only:  # report the device and vLLM that made the saved points, not this one's
+    saved = sorted(out_dir.glob(f"validate-{sc.name}-*/*.json"))
+    if saved:
+        saved_env = json.loads(saved[0].read_text())["env"]
+        platform, vllm_version = (
+            saved_env["platform"],
+            f"{saved_env['vllm_version']} (saved points)",
+        )
 print(f"scenario: {sc.name} ({sc.title})")
 print(f"objective: {sc.describe()}")
 print(f"SLO: p99 TTFT <= {slo_ttft_ms:g} ms, median TPOT <= {slo_tpot_ms:g} ms")
-print(f"platform: {platform}, vLLM {engine.vllm_version()}, model {model}")
+print(f"platform: {platform}, vLLM {vllm_version}, model {model}")
 
 # %% [markdown]
 # ## 1. The evidence on disk
@@ -261,7 +273,10 @@ print("workload:", workload)
 print("sweep:", sweep_name)
 
 # %%
-if validate:
+if validate and validate_saved_only:
+    val = tunebook.results.load_sweep(out_dir / sweep_name)
+    print(f"validation: {len(val)} saved points reported, no engine started (validate_saved_only)")
+elif validate:
     wb = tunebook.workbook.Workbook(
         run_dir, "04_assemble_config", model, engine_settings, engine_env, isolate=isolate
     )

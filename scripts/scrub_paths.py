@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUFFIXES = {".ipynb", ".json", ".csv", ".log", ".md", ".jsonl", ".html"}
+SUFFIXES = {".ipynb", ".json", ".csv", ".log", ".md", ".jsonl", ".html", ".yaml", ".sh", ".py"}
 
 
 def scrub_text(text: str, prefixes: list[str], home: str) -> str:

@@ -113,3 +113,17 @@ def test_roofline_benchmark_on_a_cpu_engine(tmp_path):
     assert decode_runs(runs, 1, min_steps=5), runs  # pure decode steps of batch 1 were traced
     assert prefill_runs(runs, 512), runs
     assert all(r["gpu_busy_ms"] is None for r in runs)  # no GPU here: no kernel time invented
+
+
+def test_step_phases_take_the_gpu_side_span_of_a_lone_step():
+    """The GPU runs a prefill past the host's next step: its kernels still count for it."""
+    pre = "execute_context_1(8000)_generation_0(0)"
+    idle = "execute_context_0(0)_generation_0(0)"
+    events = [_step(0, pre, dur=50), _step(100, idle, dur=5)]
+    events += [{"ph": "X", "cat": "gpu_user_annotation", "name": pre, "ts": 40, "dur": 400}]
+    events += [_kernel(40, 200), _kernel(250, 190)]  # runs to 440, past the host's step at 100
+    runs = step_phases(events)
+    assert prefill_runs(runs, 8000)[0]["gpu_busy_ms"] == pytest.approx(0.39)
+    # without the GPU-side span, the host window [0, 100) sees only 60 us of it
+    plain = [e for e in events if e["cat"] != "gpu_user_annotation"]
+    assert prefill_runs(step_phases(plain), 8000)[0]["gpu_busy_ms"] == pytest.approx(0.06)

@@ -712,13 +712,16 @@ def decide_setting(
     gap, width = separation(vals[ref], vals[best], direction)
     d["vs_default"].update(gap=gap, spread=width)
     if gap < width:
+        na, nb = c["a"]["n"], c["b"]["n"]
+        chance = 2 * math.factorial(na) * math.factorial(nb) / math.factorial(na + nb)
         d.update(
             status="kept: within noise",
             reason=note
             + (
                 f"{_vs(best, c['ratio'], metric)}; the ranges do not overlap,"
                 f" but the gap between them ({gap:.3g}) is narrower than the wider range ({width:.3g}):"
-                " with two repeats a side, non-overlap alone happens by chance one time in three"
+                f" with {na} and {nb} engine starts, non-overlap alone happens by chance"
+                f" {chance:.0%} of the time"
             ),
         )
         return d

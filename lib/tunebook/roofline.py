@@ -102,28 +102,44 @@ def step_phases(events: Iterable[dict]) -> list[dict]:
     """Split a trace into runs of like engine steps; per run: period, GPU busy and idle per step.
 
     A run is a maximal sequence of consecutive steps with the same (context requests, context
-    tokens, generation requests) signature. Its window runs from the first step's start to the
-    next step's start after the run (or the last kernel of the trace), so the GPU's lag behind
-    the host shifts both ends alike. Times are in ms; ``gpu_busy_ms`` is None where the trace has
-    no GPU kernels (a CPU engine).
+    tokens, generation requests, generation tokens) signature; its period is the time from the
+    first step's start to the start of the step after the run, per step. A step's GPU work is
+    the union of the kernels inside its GPU-side annotation (the profiler's
+    ``gpu_user_annotation``, matched to the host's steps in order); a trace without those falls
+    back to the kernels inside the run's host window, which misses the tail of a lone step the
+    GPU is still running when the host moves on. Times in ms; ``gpu_busy_ms`` is None where the
+    trace has no GPU kernels (a CPU engine).
     """
     events = list(events)
-    steps = []
-    for e in events:
-        if e.get("ph") != "X" or e.get("cat") != "user_annotation":
-            continue
-        m = STEP_RE.fullmatch(str(e.get("name", "")))
-        if m:
-            steps.append(
-                (float(e["ts"]), float(e.get("dur", 0.0)), tuple(int(g) for g in m.groups()))
-            )
-    steps.sort()
-    kernels = [
+
+    def annotations(cat: str) -> list[tuple[float, float, tuple]]:
+        out = []
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") == cat:
+                m = STEP_RE.fullmatch(str(e.get("name", "")))
+                if m:
+                    out.append(
+                        (float(e["ts"]), float(e.get("dur", 0.0)), tuple(map(int, m.groups())))
+                    )
+        return sorted(out)
+
+    steps = annotations("user_annotation")
+    gpu_queue: dict[tuple, list] = {}
+    for g in annotations("gpu_user_annotation"):
+        gpu_queue.setdefault(g[2], []).append(g)
+    kernels = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
         for e in events
         if e.get("ph") == "X" and e.get("cat") in GPU_CATS
-    ]
-    last = max((b for _, b in kernels), default=None)
+    )
+    last = kernels[-1][1] if kernels else None
+    # the GPU span of each host step: the next GPU annotation of the same signature
+    spans = []
+    for ts, _, sig in steps:
+        q = gpu_queue.get(sig) or []
+        spans.append((q[0][0], q[0][0] + q[0][1]) if q and q[0][0] + q[0][1] >= ts else None)
+        if spans[-1] is not None:
+            q.pop(0)
     runs: list[dict] = []
     i = 0
     while i < len(steps):
@@ -131,13 +147,17 @@ def step_phases(events: Iterable[dict]) -> list[dict]:
         j = i
         while j + 1 < len(steps) and steps[j + 1][2] == sig:
             j += 1
-        lo = steps[i][0]
-        if j + 1 < len(steps):
-            hi = steps[j + 1][0]
-        else:
-            hi = max(steps[j][0] + steps[j][1], last if last is not None else lo)
         n = j - i + 1
-        busy = _merged_busy(kernels, lo, hi) if kernels else None
+        lo = steps[i][0]
+        hi = steps[j + 1][0] if j + 1 < len(steps) else steps[j][0] + steps[j][1]
+        busy = None
+        if kernels:
+            matched = [sp for sp in spans[i : j + 1] if sp is not None]
+            if matched:
+                busy = sum(_merged_busy(kernels, a, b) for a, b in matched) / len(matched)
+            else:
+                end = hi if j + 1 < len(steps) else max(hi, last)
+                busy = _merged_busy(kernels, lo, end) / n
         ctx_req, ctx_tok, gen_req, gen_tok = sig
         period = (hi - lo) / n / 1e3
         runs.append(
@@ -149,8 +169,8 @@ def step_phases(events: Iterable[dict]) -> list[dict]:
                 "steps": n,
                 "step_period_ms": period,
                 "host_ms_per_step": float(np.mean([d for _, d, _ in steps[i : j + 1]])) / 1e3,
-                "gpu_busy_ms": None if busy is None else busy / n / 1e3,
-                "gpu_busy_share": None if busy is None or period <= 0 else busy / n / 1e3 / period,
+                "gpu_busy_ms": None if busy is None else busy / 1e3,
+                "gpu_busy_share": None if busy is None or period <= 0 else busy / 1e3 / period,
             }
         )
         i = j + 1
