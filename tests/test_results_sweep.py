@@ -14,7 +14,7 @@ import pytest
 
 from tunebook import engine
 from tunebook.errors import ConfigError
-from tunebook.results import SweepDir, atomic_write_text, flatten, safe_name
+from tunebook.results import SweepDir, atomic_write_text, dumps_point, flatten, safe_name
 from tunebook.sweep import grid, make_points, point_id, run_sweep
 
 
@@ -66,6 +66,29 @@ def test_sweepdir_roundtrip_and_done(tmp_path):
 def test_safe_name_rejects_escapes(bad):
     with pytest.raises(ConfigError):
         safe_name(bad)
+
+
+def test_point_files_keep_bulky_lists_one_item_per_line(tmp_path):
+    """Per-request records are most of a point: compact lines, floats to 4 decimals, summary exact."""
+    point = {
+        "metrics": {"ttft_p99_ms": 123.456789123, "nan_ms": float("nan")},
+        "requests": [{"itl_ms": [1.234567891, 2.0], "ttft_ms": 10.00004999}, {"itl_ms": []}],
+        "timeline": [],
+        "status": "ok",
+    }
+    text = dumps_point(point)
+    back = json.loads(text)
+    assert back["metrics"] == {"ttft_p99_ms": 123.456789123, "nan_ms": None}  # summary unrounded
+    assert back["requests"] == [{"itl_ms": [1.2346, 2.0], "ttft_ms": 10.0}, {"itl_ms": []}]
+    assert back["timeline"] == [] and back["status"] == "ok"
+    lines = text.splitlines()
+    assert '    {"itl_ms":[1.2346,2.0],"ttft_ms":10.0},' in lines  # one request per line
+    d = SweepDir(tmp_path / "s")
+    d.write("p1", point)
+    assert d.read("p1")["requests"][0]["itl_ms"] == [1.2346, 2.0]
+    assert json.loads(dumps_point({})) == {} and json.loads(dumps_point({"requests": []})) == {
+        "requests": []
+    }
 
 
 def test_safe_name_accepts_ordinary_names():
