@@ -57,71 +57,24 @@ pd.set_option("display.max_columns", 30)
 pd.set_option("display.max_colwidth", 120)
 
 # %% tags=["parameters"]
+# fmt: off
 run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
-model: str = (
-    "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
-)
-engine_settings: dict = {
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 67108864,
-    "max_model_len": 2048,
-}  # vLLM EngineArgs for every engine here
+model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
+engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
 repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
-article_settings: dict = {
-    "gpu_memory_utilization": 0.85,
-    "max_num_batched_tokens": 2048,
-    "max_num_seqs": 256,
-    "block_size": 16,
-    "enable_prefix_caching": True,
-    "max_paddings": 128,
-    "scheduler_policy": "hybrid",
-}  # the article's configuration as written, nonexistent settings included
-workloads: dict = {
-    "short_chat": {
-        "kind": "uniform",
-        "num_requests": 16,
-        "min_prompt_len": 16,
-        "max_prompt_len": 64,
-        "output_len": 16,
-        "seed": 1,
-    },
-    "medium": {
-        "kind": "uniform",
-        "num_requests": 8,
-        "min_prompt_len": 256,
-        "max_prompt_len": 512,
-        "output_len": 16,
-        "seed": 2,
-    },
-    "long": {
-        "kind": "uniform",
-        "num_requests": 4,
-        "min_prompt_len": 1024,
-        "max_prompt_len": 1536,
-        "output_len": 16,
-        "seed": 3,
-    },
-}  # name -> workload spec; one sweep each
+article_settings: dict = {"gpu_memory_utilization": 0.85, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16, "enable_prefix_caching": True, "max_paddings": 128, "scheduler_policy": "hybrid"}  # the article's configuration as written, nonexistent settings included
+workloads: dict = {"short_chat": {"kind": "uniform", "num_requests": 16, "min_prompt_len": 16, "max_prompt_len": 64, "output_len": 16, "seed": 1}, "medium": {"kind": "uniform", "num_requests": 8, "min_prompt_len": 256, "max_prompt_len": 512, "output_len": 16, "seed": 2}, "long": {"kind": "uniform", "num_requests": 4, "min_prompt_len": 1024, "max_prompt_len": 1536, "output_len": 16, "seed": 3}}  # name -> workload spec; one sweep each
 mode: str = "offline"  # "offline" (LLM.generate, all requests at once) or "online" (AsyncLLM, streamed, client-side TTFT)
 max_concurrency: int = 0  # online mode: requests in flight at most (0: no cap)
-sampling: dict = {
-    "temperature": 0.0
-}  # SamplingParams for every request (greedy; the article used temperature 0.7, top_p 0.9)
-concurrent_workload: dict = {
-    "kind": "fixed",
-    "num_requests": 100,
-    "prompt_len": 128,
-    "output_len": 8,
-    "seed": 4,
-}  # C6: this many requests in flight at once, both configurations
+sampling: dict = {"temperature": 0.0}  # SamplingParams for every request (greedy; the article used temperature 0.7, top_p 0.9)
+concurrent_workload: dict = {"kind": "fixed", "num_requests": 100, "prompt_len": 128, "output_len": 8, "seed": 4}  # C6: this many requests in flight at once, both configurations
 concurrent_repeats: int = 1  # engine starts per configuration for the concurrent run
-claim_model: str = (
-    "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C6 arithmetic
-)
+claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C6 arithmetic
 article_card_gib: float = 23.65  # the article's RTX 4090: total memory as CUDA reports it (what gpu_memory_utilization multiplies)
 claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article's max_model_len)
+# fmt: on
 
 # %% [markdown]
 # Derived values: the platform, the model's shape, the two configurations.

@@ -69,79 +69,31 @@ pd.set_option("display.max_columns", 30)
 pd.set_option("display.max_colwidth", 80)
 
 # %% tags=["parameters"]
+# fmt: off
 run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
-model: str = (
-    "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
-)
-engine_settings: dict = {
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 67108864,
-    "max_model_len": 2048,
-}  # vLLM EngineArgs for every engine here
+model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
+engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
 repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
-claim_model: str = (
-    "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C2 arithmetic
-)
+claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C2 arithmetic
 seq_len: int = 4096  # tokens per request in the article's arithmetic (its max_model_len)
 claim_requests: int = 100  # concurrent requests in the article's arithmetic
-capacity_configs: dict = {
-    "kv8m-auto": {"kv_cache_memory_bytes": 8388608},
-    "kv64m-auto": {"kv_cache_memory_bytes": 67108864},
-    "kv64m-fp8": {"kv_cache_memory_bytes": 67108864, "kv_cache_dtype": "fp8"},
-}  # name -> settings of the capacity grid (GPU: gpu_memory_utilization x kv_cache_dtype)
-drift_workload: dict = {
-    "kind": "fixed",
-    "num_requests": 8,
-    "prompt_len": 128,
-    "output_len": 16,
-    "seed": 11,
-}  # fixed prompt set the capacity engines run greedily, logprobs collected
-drift_reference: str = (
-    "kv64m-auto"  # capacity config whose first engine the others' outputs are compared with
-)
+capacity_configs: dict = {"kv8m-auto": {"kv_cache_memory_bytes": 8388608}, "kv64m-auto": {"kv_cache_memory_bytes": 67108864}, "kv64m-fp8": {"kv_cache_memory_bytes": 67108864, "kv_cache_dtype": "fp8"}}  # name -> settings of the capacity grid (GPU: gpu_memory_utilization x kv_cache_dtype)
+drift_workload: dict = {"kind": "fixed", "num_requests": 8, "prompt_len": 128, "output_len": 16, "seed": 11}  # fixed prompt set the capacity engines run greedily, logprobs collected
+drift_reference: str = "kv64m-auto"  # capacity config whose first engine the others' outputs are compared with
 drift_random_init: bool = True  # capacity engines load a checkpoint with transformers' standard random init (vLLM's dummy weights give flat logits: no drift can show)
-max_model_lens: list = [
-    512,
-    2048,
-    4096,
-    32768,
-    131072,
-]  # max_model_len values of the maximum-concurrency table
-card_memory_gib: dict = {
-    "RTX 4090": 23.65,
-    "H200": 139.8,
-}  # total memory per card as CUDA reports it (GiB; what gpu_memory_utilization multiplies), for the headroom arithmetic
-pressure_knob: str = (
-    "kv_cache_memory_bytes"  # setting that squeezes the KV cache (GPU: num_gpu_blocks_override)
-)
+max_model_lens: list = [512, 2048, 4096, 32768, 131072]  # max_model_len values of the maximum-concurrency table
+card_memory_gib: dict = {"RTX 4090": 23.65, "H200": 139.8}  # total memory per card as CUDA reports it (GiB; what gpu_memory_utilization multiplies), for the headroom arithmetic
+pressure_knob: str = "kv_cache_memory_bytes"  # setting that squeezes the KV cache (GPU: num_gpu_blocks_override)
 pressure_values: list = [1048576, 2097152, 8388608]  # its values, from far too small to enough
-pressure_settings: dict = {
-    "max_model_len": 512
-}  # extra settings of the pressure engines (a small max_model_len lets the KV cache shrink below one long request)
-pressure_workload: dict = {
-    "kind": "fixed",
-    "num_requests": 16,
-    "prompt_len": 248,
-    "output_len": 16,
-    "seed": 12,
-}  # submitted all at once
+pressure_settings: dict = {"max_model_len": 512}  # extra settings of the pressure engines (a small max_model_len lets the KV cache shrink below one long request)
+pressure_workload: dict = {"kind": "fixed", "num_requests": 16, "prompt_len": 248, "output_len": 16, "seed": 12}  # submitted all at once
 pressure_repeats: int = 1  # engine starts per pressure value
-prefix_shares: list = [
-    0.0,
-    0.5,
-    0.9,
-]  # share of each prompt that is a prefix shared with other requests
-prefix_workload: dict = {
-    "kind": "shared_prefix",
-    "num_requests": 12,
-    "prompt_len": 512,
-    "output_len": 8,
-    "num_prefixes": 2,
-    "seed": 13,
-}  # prefix_share is set from prefix_shares
+prefix_shares: list = [0.0, 0.5, 0.9]  # share of each prompt that is a prefix shared with other requests
+prefix_workload: dict = {"kind": "shared_prefix", "num_requests": 12, "prompt_len": 512, "output_len": 8, "num_prefixes": 2, "seed": 13}  # prefix_share is set from prefix_shares
 prefix_repeats: int = 1  # engine starts per (prefix caching, share) point
+# fmt: on
 
 # %% [markdown]
 # Derived values.

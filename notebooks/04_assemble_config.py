@@ -66,15 +66,10 @@ pd.set_option("display.max_columns", 30)
 pd.set_option("display.max_colwidth", 160)
 
 # %% tags=["parameters"]
+# fmt: off
 run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
-model: str = (
-    "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
-)
-engine_settings: dict = {
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 67108864,
-    "max_model_len": 2048,
-}  # vLLM EngineArgs for every engine here
+model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
+engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
 repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
@@ -82,25 +77,12 @@ scenario: str = "high_concurrency_chat"  # one of high_concurrency_chat, long_do
 slo_ttft_ms: float = 2000.0  # SLO: p99 time to first token, ms (per request for goodput)
 slo_tpot_ms: float = 200.0  # SLO: median time per output token, ms (per request for goodput)
 validate: bool = True  # run the side-by-side validation (the only engine use in this notebook)
-validate_saved_only: bool = (
-    False  # report the validation points already saved, start no engine (a run cut short)
-)
+validate_saved_only: bool = False  # report the validation points already saved, start no engine (a run cut short)
 validation_workload: dict = {}  # keys merged over the scenario's validation workload, e.g. {"num_requests": 16}
-validation_mode: str = (
-    "offline"  # "offline" (LLM.generate, all at once) or "online" (AsyncLLM, streamed)
-)
-claim_model: str = (
-    "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
-)
-card_sizes_gib: list = [
-    8,
-    12,
-    16,
-    24,
-    48,
-    80,
-    141,
-]  # device memory of cards for the C13 arithmetic, GiB
+validation_mode: str = "offline"  # "offline" (LLM.generate, all at once) or "online" (AsyncLLM, streamed)
+claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
+card_sizes_gib: list = [8, 12, 16, 24, 48, 80, 141]  # device memory of cards for the C13 arithmetic, GiB
+# fmt: on
 
 # %% [markdown]
 # Derived values: the scenario, the SLO, the output folder, the platform (imports vLLM once, so
