@@ -80,6 +80,7 @@ validate: bool = True  # run the side-by-side validation (the only engine use in
 validate_saved_only: bool = False  # report the validation points already saved, start no engine (a run cut short)
 validation_workload: dict = {}  # keys merged over the scenario's validation workload, e.g. {"num_requests": 16}
 validation_mode: str = "offline"  # "offline" (LLM.generate, all at once) or "online" (AsyncLLM, streamed)
+also_validate: dict = {}  # more scenarios, each validated side by side too: name -> overrides of its workload
 claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
 card_sizes_gib: list = [8, 12, 16, 24, 48, 80, 141]  # device memory of cards for the C13 arithmetic, GiB
 # fmt: on
@@ -94,6 +95,11 @@ if scenario not in assemble.SCENARIOS:
         f"scenario {scenario!r} unknown; choose one of {', '.join(assemble.SCENARIOS)}"
     )
 sc = assemble.SCENARIOS[scenario]
+unknown = sorted(set(also_validate) - set(assemble.SCENARIOS))
+if unknown:
+    raise ValueError(
+        f"also_validate: scenario(s) {unknown} unknown; choose from {', '.join(assemble.SCENARIOS)}"
+    )
 if validation_mode not in ("offline", "online"):
     raise ValueError(f"validation_mode must be 'offline' or 'online', got {validation_mode!r}")
 slo = {"ttft_ms": float(slo_ttft_ms), "tpot_ms": float(slo_tpot_ms)}
@@ -254,31 +260,34 @@ sweep_name = f"validate-{sc.name}-{assemble.config_hash([configs, workload, vali
 print("workload:", workload)
 print("sweep:", sweep_name)
 
+
 # %%
-if validate and validate_saved_only:
-    val = tunebook.results.load_sweep(out_dir / sweep_name)
-    print(f"validation: {len(val)} saved points reported, no engine started (validate_saved_only)")
-elif validate:
+def run_validation(name: str, configs: dict, workload: dict) -> pd.DataFrame:
+    """One side-by-side sweep (or its saved points, with validate_saved_only)."""
+    if not validate:
+        print("validation skipped (validate=False)")
+        return pd.DataFrame()
+    if validate_saved_only:
+        val = tunebook.results.load_sweep(out_dir / name)
+        print(
+            f"validation: {len(val)} saved points reported, no engine started (validate_saved_only)"
+        )
+        return val
     wb = tunebook.workbook.Workbook(
         run_dir, "04_assemble_config", model, engine_settings, engine_env, isolate=isolate
     )
     t0 = time.perf_counter()
     val = wb.sweep(
-        sweep_name,
-        configs,
-        workload,
-        repeats=repeats,
-        mode=validation_mode,
-        slo=slo,
-        warmup_requests=2,
+        name, configs, workload, repeats=repeats, mode=validation_mode, slo=slo, warmup_requests=2
     )
     print(f"validation: {len(val)} points in {time.perf_counter() - t0:.0f} s")
     failed = val[val["status"] != "ok"] if len(val) else val
     if len(failed):
         display(failed[["point_id", "error"]])
-else:
-    val = pd.DataFrame()
-    print("validation skipped (validate=False)")
+    return val
+
+
+val = run_validation(sweep_name, configs, workload)
 
 # %% [markdown]
 # Medians, min-max over engine starts, and each configuration's ratio to vLLM's default; "within
@@ -309,6 +318,45 @@ if len(val) and (val["status"] == "ok").any():
 else:
     vt, objective = pd.DataFrame(), None
     print("no validation results")
+
+# %% [markdown]
+# ### The other scenarios
+#
+# Each scenario in `also_validate` gets its own choice from the same sweeps and the same
+# side-by-side validation on its own workload (the scenario's, with the overrides given). Where its
+# choice is vLLM's default, "chosen" is not run again: the A/A pair above already measures the
+# noise.
+
+# %%
+others = []
+for i, (name, overrides) in enumerate(also_validate.items(), 1):
+    osc = assemble.SCENARIOS[name]
+    ochoice = assemble.choose(sweeps, name, slo, engine_settings)
+    ocfg = {"default": {}, "article": {"settings": article}}
+    if ochoice["changed"]:
+        ocfg = {"chosen": {"settings": dict(ochoice["changed"])}, **ocfg}
+    owl = {**osc.workload, **overrides}
+    oname = f"validate-{name}-{assemble.config_hash([ocfg, owl, validation_mode, slo, engine_settings])}"
+    print(f"{name} ({osc.describe()}): chosen = {ochoice['changed'] or 'vLLM default'}")
+    print(f"  workload: {owl}; sweep: {oname}")
+    oval = run_validation(oname, ocfg, owl)
+    if not (len(oval) and (oval["status"] == "ok").any()):
+        continue
+    ovt = assemble.validation_table(oval, reference="default")
+    ovt.insert(0, "scenario", name)
+    others.append(ovt)
+    ratio_bars(
+        ovt.drop(columns="scenario"),
+        reference="default",
+        title=f"Figure 4.V{i}. {name}: relative to vLLM's default (median, min-max)",
+    ).show()
+if others:
+    display(pd.concat(others, ignore_index=True).round(3))
+elif also_validate:
+    print("no validation results for the other scenarios")
+else:
+    print("no other scenarios asked for (also_validate is empty)")
+
 
 # %% [markdown]
 # ## 5. Claims
@@ -366,11 +414,23 @@ elif not choice["changed"]:
     )
 else:
     cho_txt = f"chosen at {cho['ratio vs default']:.3g}x the default's {objective} ({noise})"
+other_txt = []
+for ovt in others:
+    name = ovt["scenario"].iloc[0]
+    obj = next((m for m, _ in assemble.SCENARIOS[name].objectives if m in set(ovt["metric"])), None)
+    r = ovt[(ovt["config"] == "article") & (ovt["metric"] == obj)]
+    if len(r):
+        r = r.iloc[0]
+        other_txt.append(
+            f"{name}: article at {r['ratio vs default']:.3g}x the default's {obj}"
+            f" ({'within noise' if r['within noise'] else 'beyond noise'}, n={int(r['n'])})"
+        )
 verdicts = [
     claims.verdict(
         "C11",
         "partly" if sweeps else "inconclusive",
-        f"{sc.name}: {n_changed} setting(s) changed from vLLM's defaults; {cho_txt}; {art_txt}",
+        f"{sc.name}: {n_changed} setting(s) changed from vLLM's defaults; {cho_txt}; {art_txt}"
+        + "".join(f"; {t}" for t in other_txt),
         f"04_assemble_config/{sweep_name}; choice.json",
         spread=(f"min-max over {repeats} engine starts per configuration" if len(vt) else None),
         note=(
