@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tunebook.errors import ConfigError
-from tunebook.metrics import compare, meets_slo, percentile, spread, summarize
+from tunebook.metrics import chance_apart, compare, meets_slo, percentile, spread, summarize
 from tunebook.workloads import FIRST_ORDINARY_ID, KINDS, check_fits, make_workload
 
 SPECS = {
@@ -243,3 +243,9 @@ def test_spread_and_compare():
     assert c["ratio"] == pytest.approx(21 / 11) and c["within_noise"] is False
     c = compare([10, 11, 15], [12, 13, 14])
     assert c["ratio"] == pytest.approx(13 / 11) and c["within_noise"] is True
+
+
+def test_chance_that_ranges_come_out_apart_by_luck():
+    assert chance_apart(2, 2) == pytest.approx(1 / 3)
+    assert chance_apart(3, 3) == pytest.approx(0.1)
+    assert chance_apart(0, 3) == 1.0

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .baseline import ARTICLE_SETTINGS as ARTICLE_AS_WRITTEN
-from .metrics import compare, meets_slo, spread
+from .metrics import chance_apart, compare, meets_slo, spread
 
 # --------------------------------------------------------------------------- scenarios
 
@@ -713,7 +713,7 @@ def decide_setting(
     d["vs_default"].update(gap=gap, spread=width)
     if gap < width:
         na, nb = c["a"]["n"], c["b"]["n"]
-        chance = 2 * math.factorial(na) * math.factorial(nb) / math.factorial(na + nb)
+        chance = chance_apart(na, nb)
         d.update(
             status="kept: within noise",
             reason=note

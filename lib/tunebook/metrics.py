@@ -79,6 +79,14 @@ def meets_slo(record: dict, slo: dict) -> bool:
     return True
 
 
+def chance_apart(n_a: int, n_b: int) -> float:
+    """Chance that the min-max ranges of n_a and n_b runs of one and the same configuration come
+    out disjoint: 2 * n_a! * n_b! / (n_a + n_b)! (1/3 for 2 vs 2, 1/10 for 3 vs 3); 1 if a side is empty."""
+    if not n_a or not n_b:
+        return 1.0
+    return 2 * math.factorial(n_a) * math.factorial(n_b) / math.factorial(n_a + n_b)
+
+
 def spread(values: Iterable[float]) -> dict:
     """Median, min, max and relative spread ((max - min) / median) of repeated measurements."""
     xs = [v for v in values if v is not None and not math.isnan(v)]

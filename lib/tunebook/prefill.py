@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .metrics import compare, percentile, spread
+from .metrics import chance_apart, compare, percentile, spread
 from .model import ModelShape
 
 ALPHA = 0.1  # a gap counts only if ranges this cleanly apart would arise by chance at most 10%
@@ -40,7 +40,7 @@ def separation(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> 
     """
     c = compare(a, b)
     na, nb = c["a"]["n"], c["b"]["n"]
-    p = 2 * math.factorial(na) * math.factorial(nb) / math.factorial(na + nb) if na and nb else 1.0
+    p = chance_apart(na, nb)
     beyond = (not c["within_noise"]) and p <= alpha
     return {**c, "overlap": c["within_noise"], "p_chance": p, "within_noise": not beyond}
 
