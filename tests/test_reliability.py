@@ -155,6 +155,14 @@ def test_shipped_profiles_parse():
         assert set(prof) - {"_path"} <= {"common", *profiles.NOTEBOOKS, *profiles.META_KEYS}
 
 
+def test_engine_base_is_the_profiles_common_engine():
+    """The benchmarks run the same model and engine settings as the profile's notebooks."""
+    assert profiles.engine_base("h200") == {"model": "ernie-4.5-0.3b-pt", "settings": {}}
+    cpu = profiles.engine_base("cpu")
+    assert cpu["model"] == "tiny-ernie"
+    assert cpu["settings"]["kv_cache_memory_bytes"] == 64 * 2**20
+
+
 # --------------------------------------------------------------------------- models and workloads
 @pytest.fixture
 def no_engine(monkeypatch):

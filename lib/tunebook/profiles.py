@@ -66,6 +66,13 @@ def load_profile(name_or_path: str | Path) -> dict:
     return data
 
 
+def engine_base(name_or_path: str | Path) -> dict:
+    """The model and engine settings every engine of a profile runs with (its common section),
+    for scripts outside the notebooks: ``{"model": ..., "settings": {...}}``."""
+    common = load_profile(name_or_path).get("common") or {}
+    return {"model": common["model"], "settings": dict(common.get("engine_settings") or {})}
+
+
 def notebook_parameters(notebook: str | Path) -> dict[str, dict]:
     """Names, type hints and defaults of a notebook's ``parameters`` cell (read, not executed)."""
     nb_path = Path(notebook)
