@@ -266,10 +266,10 @@ def test_reference_found_by_resolved_default(tmp_path):
     assert choice["resolved_defaults"]["block_size"] == 128
 
 
-def test_scenario_decides_the_metric(tmp_path):
-    # 'big' has more throughput, 'small' a lower TTFT; both separated from the default.
+def write_seqs_tradeoff(run_dir):
+    """max_num_seqs 1024 has more throughput, 16 a lower TTFT; both separated from the default."""
     write_sweep(
-        tmp_path,
+        run_dir,
         "03_prefill_scaling",
         "max_num_seqs",
         {
@@ -278,6 +278,10 @@ def test_scenario_decides_the_metric(tmp_path):
             "max_num_seqs=1024": ({"max_num_seqs": 1024}, tput(150, 152, ttft=900.0)),
         },
     )
+
+
+def test_scenario_decides_the_metric(tmp_path):
+    write_seqs_tradeoff(tmp_path)
     sweeps = assemble.discover(tmp_path)
     assert assemble.choose(sweeps, "high_throughput", None, BASE)["changed"] == {
         "max_num_seqs": 1024
@@ -555,16 +559,7 @@ def test_validation_table_ratios(tmp_path):
 def test_explorer_recomputes_without_an_engine(tmp_path):
     from tunebook.explorer import RECOMMENDATION_CLASS, Explorer
 
-    write_sweep(
-        tmp_path,
-        "03_prefill_scaling",
-        "max_num_seqs",
-        {
-            "default": ({}, tput(100, 102, ttft=500.0)),
-            "max_num_seqs=16": ({"max_num_seqs": 16}, tput(60, 62, ttft=100.0)),
-            "max_num_seqs=1024": ({"max_num_seqs": 1024}, tput(150, 152, ttft=900.0)),
-        },
-    )
+    write_seqs_tradeoff(tmp_path)
     ex = Explorer(
         tmp_path,
         scenario="high_throughput",
