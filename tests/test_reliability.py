@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ENGINE_ENV, ENGINE_SETTINGS, engine_processes, kill_processes
+from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, engine_processes, kill_processes
 
 from tunebook import engine, profiles
 from tunebook.errors import ConfigError
@@ -444,7 +444,7 @@ def test_sweep_runner_interrupted_by_sigint_and_sigkill_resumes(tiny_model, tmp_
     configs = {
         "a": {"settings": {"block_size": 32}},
         "b": {"settings": {"block_size": 64}},
-        "c": {"settings": {"block_size": 32, "kv_cache_dtype": "fp8"}},
+        "c": {"settings": {"block_size": 32, "kv_cache_dtype": FP8_KV}},
     }
     out = tmp_path / "sweep"
     logf = tmp_path / "runner.log"
