@@ -394,16 +394,13 @@ def _ratio(cfg: str, metric: str):
     return None if r.empty else r.iloc[0]
 
 
-art = _ratio("article", objective)
 cho = _ratio("chosen", objective)
 n_changed = len(choice["changed"])
-if art is not None:
-    art_txt = (
-        f"article's configuration at {art['ratio vs default']:.3g}x the default's {objective}"
-        f" ({'within noise' if art['within noise'] else 'beyond noise'}, n={int(art['n'])})"
-    )
-else:
-    art_txt = "no validation of the article's configuration in this run"
+art_txt = (
+    assemble.versus_default(vt, "article", objective, label="article's configuration")
+    if not vt.empty
+    else None
+) or "no validation of the article's configuration in this run"
 noise = "within noise" if cho is not None and cho["within noise"] else "beyond noise"
 if cho is None:
     cho_txt = "chosen not validated"
@@ -418,13 +415,9 @@ other_txt = []
 for ovt in others:
     name = ovt["scenario"].iloc[0]
     obj = next((m for m, _ in assemble.SCENARIOS[name].objectives if m in set(ovt["metric"])), None)
-    r = ovt[(ovt["config"] == "article") & (ovt["metric"] == obj)]
-    if len(r):
-        r = r.iloc[0]
-        other_txt.append(
-            f"{name}: article at {r['ratio vs default']:.3g}x the default's {obj}"
-            f" ({'within noise' if r['within noise'] else 'beyond noise'}, n={int(r['n'])})"
-        )
+    t = assemble.versus_default(ovt, "article", obj)
+    if t:
+        other_txt.append(f"{name}: {t}")
 verdicts = [
     claims.verdict(
         "C11",

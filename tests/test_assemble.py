@@ -610,3 +610,27 @@ def test_explorer_on_an_empty_run(tmp_path):
     ex = Explorer(tmp_path, figure_widget=False)
     assert ex.choice["changed"] == {} and "No evidence" in ex.recommendation.value
     assert ex.figure().layout.title.text == "no saved sweep to plot in this run"
+
+
+def test_versus_default_adds_the_latency_tail_when_both_serve_the_load():
+    import pandas as pd
+
+    def table(goodput_art):
+        rows = [
+            {"config": c, "status": "ok", "goodput_rps": g, "ttft_p99_ms": t}
+            for c, g, t in [
+                ("default", 10.50, 55),
+                ("default", 10.51, 53),
+                ("article", goodput_art, 160),
+                ("article", goodput_art - 0.01, 140),
+            ]
+        ]
+        return assemble.validation_table(pd.DataFrame(rows))
+
+    same = assemble.versus_default(table(10.49), "article", "goodput_rps")
+    assert same.startswith("article at 0.998x the default's goodput_rps (beyond noise, n=2)")
+    assert "ttft_p99_ms is 2.78x the default's (beyond noise)" in same
+    apart = assemble.versus_default(table(5.0), "article", "goodput_rps", label="the article's")
+    assert apart == "the article's at 0.475x the default's goodput_rps (beyond noise, n=2)"
+    assert assemble.versus_default(table(5.0), "article", "no_such_metric") is None
+    assert assemble.versus_default(table(5.0), "article", None) is None

@@ -1200,6 +1200,46 @@ def validation_table(df, reference: str = "default", metrics=VALIDATION_METRICS)
     return pd.DataFrame(rows)
 
 
+# Below this relative gap on a throughput objective, two configurations serve the same load: under
+# Poisson arrivals both finish at the arrival rate, and the min-max rule can still call a 0.2% gap
+# "beyond noise" when the ranges happen to be tight.
+EQUAL_LOAD_GAP = 0.02
+
+
+def versus_default(
+    vt, config: str, objective: str | None, tail: str = "ttft_p99_ms", label: str | None = None
+) -> str | None:
+    """'<config> at 0.34x the default's goodput_rps (within noise, n=3)' from a validation_table.
+
+    When the objective is a throughput that both configurations reach alike (gap below
+    EQUAL_LOAD_GAP), the objective cannot tell them apart, so the latency tail is added: that is
+    where the difference shows.
+    """
+
+    def row(metric):
+        r = vt[(vt["config"] == config) & (vt["metric"] == metric)]
+        return None if r.empty else r.iloc[0]
+
+    def noise(r):
+        return "within noise" if r["within noise"] else "beyond noise"
+
+    r = row(objective) if objective else None
+    if r is None:
+        return None
+    ratio = r["ratio vs default"]
+    text = (
+        f"{label or config} at {ratio:.3g}x the default's {objective} ({noise(r)}, n={int(r['n'])})"
+    )
+    same_load = r["better"] == "higher" and abs(ratio - 1) < EQUAL_LOAD_GAP
+    t = row(tail) if same_load and tail != objective else None
+    if t is not None:
+        text += (
+            f"; both serve the same load (a gap under {EQUAL_LOAD_GAP:.0%}), and {tail} is"
+            f" {t['ratio vs default']:.3g}x the default's ({noise(t)})"
+        )
+    return text
+
+
 def structure(files: dict) -> dict:
     """The shape of the written configuration (file names, choice.json keys), not its measured values."""
     doc = json.loads(Path(files["choice.json"]).read_text())
