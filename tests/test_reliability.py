@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, engine_processes, kill_processes
 
-from tunebook import engine, profiles
+from tunebook import engine, interrupt, profiles
 from tunebook.errors import ConfigError
 from tunebook.runner import claim_run_dir, new_run_id
 from tunebook.sweep import make_points, run_sweep
@@ -483,3 +483,236 @@ def test_sweep_runner_interrupted_by_sigint_and_sigkill_resumes(tiny_model, tmp_
     assert final["b-r0"]["log_file"].endswith("logs/b-r0.log")  # b ran isolated, in run 2
     assert (out / "summary.csv").read_text().count("\n") == 4
     assert engine_processes() == []
+
+
+# --------------------------------------------------------------------------- SIGINT at each phase
+@pytest.fixture
+def sigint_ignored():
+    """SIGINT ignored on entry, as a job started with `cmd &` by a script inherits it: that is how
+    CI's runner once finished a whole sweep after Ctrl-C. The sweep must stop anyway."""
+    prev = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
+def _phase_chain(
+    tmp_path: Path, monkeypatch, isolate: bool, steps: list[tuple[str, list[str]]], n_points: int
+) -> dict:
+    """Run one sweep once per step, each signalled at its phase (``phase@point``), and check what
+    each run left: the points written (the step's list), those written earlier unchanged byte for
+    byte, no temp file, no engine process, and a signal that stayed as it was. A last run without
+    a signal finishes the sweep."""
+    base = _point(TINY_MODEL, "x")
+    del base["point_id"]
+    configs = {f"p{i}": {"settings": {"block_size": 32 if i % 2 else 64}} for i in range(n_points)}
+    points = make_points(base, configs)
+    out = tmp_path / "sweep"
+    texts: dict[str, str] = {}
+    try:
+        for signal_at, expect in steps:
+            monkeypatch.setenv(interrupt.SIGNAL_AT_ENV, signal_at)
+            with pytest.raises(interrupt.Interrupted):
+                run_sweep(points, out, isolate=isolate, progress=False)
+            done = _valid_points(out)
+            assert sorted(done) == [f"{p}-r0" for p in expect], signal_at
+            assert all(p["status"] == "ok" for p in done.values())
+            for pid, text in texts.items():
+                assert (out / f"{pid}.json").read_text() == text, f"{pid} changed"
+            texts = {pid: (out / f"{pid}.json").read_text() for pid in done}
+            assert engine_processes() == [], signal_at
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # put back as it was
+        monkeypatch.delenv(interrupt.SIGNAL_AT_ENV)
+        run_sweep(points, out, isolate=isolate, progress=False)
+    finally:
+        kill_processes(engine_processes())
+    final = _valid_points(out)
+    assert sorted(final) == [f"p{i}-r0" for i in range(n_points)]
+    assert all(p["status"] == "ok" for p in final.values())
+    for pid, text in texts.items():
+        assert (out / f"{pid}.json").read_text() == text
+    return final
+
+
+TINY_MODEL = "tiny-ernie"
+
+
+@pytest.mark.engine
+def test_sigint_at_every_phase_stops_an_in_process_sweep_and_a_rerun_resumes(
+    tmp_path, monkeypatch, sigint_ignored
+):
+    """In-process engines: each phase stops the sweep; the point being written is kept whole."""
+    _phase_chain(
+        tmp_path,
+        monkeypatch,
+        False,
+        [
+            ("engine_start@p0-r0", []),
+            ("warmup@p1-r0", ["p0"]),
+            ("measure@p2-r0", ["p0", "p1"]),
+            ("between@p3-r0", ["p0", "p1", "p2"]),
+            ("write@p3-r0", ["p0", "p1", "p2", "p3"]),
+        ],
+        n_points=4,
+    )
+
+
+@pytest.mark.engine
+def test_sigint_at_every_engine_phase_stops_an_isolated_sweep_and_a_rerun_resumes(
+    tmp_path, monkeypatch, sigint_ignored
+):
+    """Isolated engines: the child signals the sweep at its phase, as Ctrl-C in the terminal
+    would; the sweep kills the child's process group."""
+    final = _phase_chain(
+        tmp_path,
+        monkeypatch,
+        True,
+        [
+            ("engine_start@p0-r0", []),
+            ("warmup@p0-r0", []),
+            ("measure@p1-r0", ["p0"]),
+        ],
+        n_points=2,
+    )
+    assert final["p1-r0"]["log_file"].endswith("logs/p1-r0.log")
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.engine
+def test_sigint_with_vllm_multiprocessing_leaves_no_engine_core(tmp_path):
+    """A runner started in the background (SIGINT ignored), in-process with vLLM's own EngineCore
+    child (the GPU profiles' mode): SIGINT stops it, and no EngineCore outlives it."""
+    base = _point(TINY_MODEL, "x")
+    del base["point_id"]
+    base["env"] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    out = tmp_path / "sweep"
+    cmd = _sweep_cmd(tmp_path, out, "inprocess", base, {"mp": {}})
+    env_mp = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    logf = tmp_path / "runner.log"
+    with open(logf, "w") as log:
+        try:
+            proc = subprocess.run(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**env_mp, interrupt.SIGNAL_AT_ENV: "measure@mp-r0"},
+                timeout=400,
+                preexec_fn=_ignore_sigint,
+            )
+        finally:
+            leftover = engine_processes()
+            kill_processes(leftover)
+    assert proc.returncode != 0, logf.read_text()[-3000:]
+    assert "Interrupted: SIGINT" in logf.read_text()
+    assert "EngineCore" in logf.read_text()  # vLLM did run its engine in a child process
+    assert leftover == [] and not _valid_points(out)
+
+
+KERNEL_CODE = """\
+import json, os
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from tunebook.sweep import make_points, run_sweep
+base, configs = json.loads({base!r}), json.loads({configs!r})
+def on_result(r):
+    print("WRITTEN", r["point_id"], flush=True)
+run_sweep(make_points(base, configs), {out!r}, isolate=False, progress=False, on_result=on_result)
+print("SWEEP DONE", flush=True)
+"""
+
+
+@pytest.mark.engine
+def test_jupyter_kernel_interrupt_stops_a_sweep_and_a_rerun_resumes(tmp_path):
+    """'Interrupt kernel' in JupyterLab while a sweep runs: the cell stops with Interrupted, the
+    kernel lives on, no engine is left, and running the cell again resumes."""
+    from jupyter_client.manager import start_new_kernel
+
+    base = _point(TINY_MODEL, "x")
+    del base["point_id"]
+    configs = {"a": {}, "b": {"settings": {"block_size": 64}}}
+    out = tmp_path / "sweep"
+    code = KERNEL_CODE.format(base=json.dumps(base), configs=json.dumps(configs), out=str(out))
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(REPO))
+    try:
+
+        def run_cell(interrupt_after: str | None) -> tuple[str, list[str]]:
+            """Execute the cell; interrupt the kernel when ``interrupt_after`` is printed."""
+            msg_id = kc.execute(code)
+            printed: list[str] = []
+            status = None
+            while True:
+                msg = kc.get_iopub_msg(timeout=400)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    printed += content["text"].splitlines()
+                    if interrupt_after and f"WRITTEN {interrupt_after}" in content["text"]:
+                        km.interrupt_kernel()  # what JupyterLab's "Interrupt kernel" does
+                elif kind == "error":
+                    status = content["ename"]
+                elif kind == "status" and content["execution_state"] == "idle":
+                    break
+            return status or "ok", printed
+
+        status, printed = run_cell(interrupt_after="a-r0")
+        assert status in ("Interrupted", "KeyboardInterrupt"), printed
+        assert "SWEEP DONE" not in printed
+        assert sorted(_valid_points(out)) == ["a-r0"]
+        a_text = (out / "a-r0.json").read_text()
+        assert engine_processes() == []
+        assert km.is_alive()
+
+        status, printed = run_cell(interrupt_after=None)
+        assert status == "ok" and "SWEEP DONE" in printed, printed
+        assert "WRITTEN a-r0" not in printed  # resumed: a was not measured again
+        assert sorted(_valid_points(out)) == ["a-r0", "b-r0"]
+        assert (out / "a-r0.json").read_text() == a_text
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        kill_processes(engine_processes())
+
+
+def test_ctrl_c_of_the_headless_runner_stops_it_and_records_the_notebook(
+    tmp_path, nb_dir, run_dir, monkeypatch, sigint_ignored
+):
+    """SIGINT to `tunebook run` (here sent by the notebook's own cell to its runner, the kernel's
+    parent): the run stops, run.json says which notebook was interrupted, and the kernel is gone."""
+    import psutil
+
+    from tunebook.runner import run_workbook
+
+    nb = json.loads((nb_dir / "00_baseline.ipynb").read_text())
+    nb["cells"].append(
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+            "source": [
+                "import os, signal, time\n",
+                "print(os.getpid(), flush=True)\n",
+                "os.kill(os.getppid(), signal.SIGINT)\n",
+                "time.sleep(300)\n",
+            ],
+        }
+    )
+    nb["metadata"] = {"kernelspec": {"name": "python3", "language": "python"}}
+    (nb_dir / "00_baseline.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setattr("tunebook.runner.NOTEBOOKS_DIR", nb_dir)
+    prof = _profile(tmp_path, "common: {}\n")
+    kernels_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_workbook(str(prof), "r", ["00"], runs_dir=run_dir, report=False, log=lambda _: None)
+    assert time.monotonic() - t0 < 120  # stopped, did not wait for the cell's 300 s
+    state = json.loads((run_dir / "r" / "run.json").read_text())
+    assert state["notebooks"]["00_baseline"]["status"] == "interrupted"
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in kernels_before]
+    gone, alive = psutil.wait_procs(left, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]

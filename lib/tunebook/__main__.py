@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"tunebook: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "tunebook: interrupted (finished points are kept; --resume continues)", file=sys.stderr
+        )
+        return 130
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 
 from .errors import ConfigError, EngineFailure
+from .interrupt import PARENT_ENV, phase
 from .metrics import summarize
 from .model import load_shape, resolve_model_dir
 from .workloads import Workload, check_fits, make_workload
@@ -611,13 +612,19 @@ def execute(point: dict, on_sample=None, shutdown: bool = True) -> dict:
     point, wl = prepare(point)
     result: dict = _skeleton(point, wl)
     eng = Engine(point, on_sample=on_sample)
+    pid = point.get("point_id")
     try:
+        phase("engine_start", pid)
         eng.start()
         result["engine_start_s"] = eng.start_s
         result["capacity"] = eng.capacity()
         result["env"] = eng.fingerprint()
+        phase("warmup", pid)
         eng.warmup(int(point.get("warmup_requests", 4)))
-        runs = [eng.run(wl) for _ in range(int(point.get("repeats", 1)))]
+        runs = []
+        for _ in range(int(point.get("repeats", 1))):
+            phase("measure", pid)
+            runs.append(eng.run(wl))
         result["memory"] = eng.device_memory()
         # The last repeat is the point's figure; all repeats' headline metrics are kept.
         result["metrics"] = runs[-1]["metrics"]
@@ -718,7 +725,7 @@ def run_point(
         # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
         # for the notebook's own output must not reach the engine unless the point asks for it.
         env["VLLM_LOGGING_LEVEL"] = str((point.get("env") or {}).get("VLLM_LOGGING_LEVEL", "INFO"))
-        env[_PARENT_ENV] = str(os.getpid())  # the child kills its group if we die (SIGKILL)
+        env[PARENT_ENV] = str(os.getpid())  # the child kills its group if we die (SIGKILL)
         cmd = [
             sys.executable,
             "-m",
@@ -830,9 +837,6 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-_PARENT_ENV = "TUNEBOOK_PARENT_PID"
-
-
 def _watch_parent(parent_pid: int, tmp_dir: Path | None, interval_s: float = 0.5) -> None:
     """Kill this child's whole process group once the parent is gone.
 
@@ -854,7 +858,7 @@ def _watch_parent(parent_pid: int, tmp_dir: Path | None, interval_s: float = 0.5
 
 
 def _child_main(argv: list[str]) -> int:
-    parent = os.environ.get(_PARENT_ENV)
+    parent = os.environ.get(PARENT_ENV)
     if parent:
         _watch_parent(int(parent), Path(argv[0]).parent)
     point = json.loads(Path(argv[0]).read_text())

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError
+from .interrupt import stop_on_signal
 from .model import REPO_ROOT
 from .profiles import NOTEBOOKS, NOTEBOOKS_DIR, detect_profile, load_profile, notebook_params
 from .results import atomic_write_text, safe_name
@@ -71,8 +72,6 @@ def run_workbook(
     log=print,
 ) -> Path:
     """Run notebooks in order; return the run folder. A notebook already executed is skipped on resume."""
-    import papermill as pm
-
     profile = profile or detect_profile()
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
@@ -84,6 +83,22 @@ def run_workbook(
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     state.update(run_id=run_id, profile=str(prof["_path"]), python=sys.version.split()[0])
     state.setdefault("notebooks", {})
+    with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
+        _run_notebooks(names, plan, run_dir, state, state_path, resume, log)
+    if report:
+        try:
+            path = write_report(run_dir)
+            log(f"[tunebook] report: {path}")
+        except (
+            ImportError
+        ) as e:  # nbconvert is absent on some GPU nodes; the notebooks are the record
+            log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
+    return run_dir
+
+
+def _run_notebooks(names, plan, run_dir: Path, state: dict, state_path: Path, resume, log) -> None:
+    import papermill as pm
+
     for name in names:
         done = state["notebooks"].get(name, {}).get("status") == "ok"
         if resume and done:
@@ -104,6 +119,15 @@ def run_workbook(
                 kernel_name="python3",
             )
             state["notebooks"][name] = {"status": "ok", "seconds": time.perf_counter() - t0}
+        except KeyboardInterrupt:
+            # Ctrl-C: papermill's client shuts the kernel down; its engines go with its process
+            # group, and an isolated engine child kills its own group once its parent is gone.
+            state["notebooks"][name] = {
+                "status": "interrupted",
+                "seconds": time.perf_counter() - t0,
+            }
+            log(f"[tunebook] {name}: interrupted; finished points are kept (--resume continues)")
+            raise
         except Exception as e:
             state["notebooks"][name] = {
                 "status": "failed",
@@ -116,15 +140,6 @@ def run_workbook(
         finally:
             atomic_write_text(state_path, json.dumps(state, indent=2))
         log(f"[tunebook] {name}: ok in {state['notebooks'][name]['seconds']:.0f} s")
-    if report:
-        try:
-            path = write_report(run_dir)
-            log(f"[tunebook] report: {path}")
-        except (
-            ImportError
-        ) as e:  # nbconvert is absent on some GPU nodes; the notebooks are the record
-            log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
-    return run_dir
 
 
 def write_report(run_dir: str | Path) -> Path:

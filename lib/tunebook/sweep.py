@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .errors import ConfigError
+from .interrupt import deferred, phase, requested, stop_on_signal
 from .results import SweepDir, safe_name
 
 
@@ -135,47 +136,63 @@ def run_sweep(
         bar.update(len(points) - len(todo))
 
     def finish(result: dict) -> None:
-        sweep.write(result["point_id"], result)
+        with deferred():  # a signal here lets the finished point be written, then stops the sweep
+            phase("write", result["point_id"])
+            # A point that failed because the stop cut it short is not a finished point: not written.
+            if result.get("status") == "ok" or requested() is None:
+                sweep.write(result["point_id"], result)
         if bar is not None:
             bar.set_postfix_str(f"{result['point_id']}: {result.get('status')}")
             bar.update(1)
         if on_result:
             on_result(result)
 
-    try:
-        if executor == "local":
-            from .engine import run_point
+    # Ctrl-C (SIGINT) or SIGTERM stops the sweep at every moment: tunebook.interrupt.
+    with stop_on_signal():
+        try:
+            if executor == "local":
+                _run_local(
+                    todo, sweep, isolate, timeout_s, finish, desc or Path(out_dir).name, live
+                )
+            elif executor == "ray":
+                from .ray_executor import run_points_ray
 
-            logs = sweep.root / "logs"
-            panel = None
-            if todo and (live if live is not None else _in_jupyter()):
-                from .live import LivePanel
-
-                panel = LivePanel(desc or Path(out_dir).name, total=len(todo))
-            for p in todo:
-                log_path = logs / f"{p['point_id']}.log"
-                if panel is None:
-                    result = run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path)
-                else:
-                    result = _run_point_live(p, panel, isolate, timeout_s, log_path)
-                finish(result)
-            if panel is not None:
-                panel.close()
-        elif executor == "ray":
-            from .ray_executor import run_points_ray
-
-            run_points_ray(
-                todo, finish, timeout_s=timeout_s, isolate=isolate, log_dir=sweep.root / "logs"
-            )
-        else:
-            raise ConfigError(
-                f"executor must be 'local' or 'ray', got {executor!r}", key="executor"
-            )
-    finally:
-        if bar is not None:
-            bar.close()
-        sweep.write_summary()
+                run_points_ray(
+                    todo, finish, timeout_s=timeout_s, isolate=isolate, log_dir=sweep.root / "logs"
+                )
+            else:
+                raise ConfigError(
+                    f"executor must be 'local' or 'ray', got {executor!r}", key="executor"
+                )
+        finally:
+            if bar is not None:
+                bar.close()
+            sweep.write_summary()
     from .results import load_sweep
 
     df = load_sweep(sweep.root)
     return df[df["point_id"].isin(ids)].reset_index(drop=True) if len(df) else df
+
+
+def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
+    """Points one after another in this process's control, each in its own engine start."""
+    from .engine import run_point
+
+    logs = sweep.root / "logs"
+    panel = None
+    if todo and (live if live is not None else _in_jupyter()):
+        from .live import LivePanel
+
+        panel = LivePanel(desc, total=len(todo))
+    try:
+        for p in todo:
+            phase("between", p["point_id"])
+            log_path = logs / f"{p['point_id']}.log"
+            if panel is None:
+                result = run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path)
+            else:
+                result = _run_point_live(p, panel, isolate, timeout_s, log_path)
+            finish(result)
+    finally:
+        if panel is not None:
+            panel.close()
