@@ -305,7 +305,7 @@ all_ran = len(ok_conc) == len(conc) and len(conc) > 0
 preempt = int(ok_conc["num_preemptions"].sum()) if len(ok_conc) else None
 cmp_e2e = bl.comparison(frames, "default", "article", "e2e_mean_ms")
 speed_txt = "; ".join(
-    f"{w}: article/default e2e = {c['ratio']:.2f} ({bl.noise_word(c)})" for w, c in cmp_e2e.items()
+    f"{w}: article/default e2e = {c['ratio']:.2f} ({c['noise']})" for w, c in cmp_e2e.items()
 )
 mem_cmp = bl.comparison(frames, "default", "article", "device_memory_used_gib")
 mem_txt6 = (

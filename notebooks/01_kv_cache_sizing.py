@@ -55,7 +55,6 @@ import math
 import pandas as pd
 
 import tunebook as tb
-import tunebook.baseline as bl
 import tunebook.claims as claims
 import tunebook.engine as engine
 import tunebook.kvcache as kv
@@ -253,10 +252,7 @@ tp_auto = ok_cap.loc[ok_cap["kv_cache_dtype"] == "auto", "output_throughput_tok_
 tp_fp8 = ok_cap.loc[ok_cap["kv_cache_dtype"] != "auto", "output_throughput_tok_s"].tolist()
 speed_fp8 = metrics.compare(tp_auto, tp_fp8) if tp_auto and tp_fp8 else None
 if speed_fp8:
-    print(
-        f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} "
-        f"({bl.noise_word(speed_fp8)}; n = {len(tp_auto)} / {len(tp_fp8)})"
-    )
+    print(f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} ({speed_fp8['noise']})")
 
 # %% [markdown]
 # ## 4. KV pressure
@@ -536,7 +532,7 @@ v_c5 = claims.verdict(
         f"mean |d logprob| {agg(fp8d, 'mean |d logprob| (same context)')} (floor {agg(floor, 'mean |d logprob| (same context)')})"
     ),
     spread=(
-        f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f} ({bl.noise_word(speed_fp8)})"
+        f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f} ({speed_fp8['noise']})"
         if speed_fp8
         else None
     ),

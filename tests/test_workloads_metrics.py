@@ -249,3 +249,27 @@ def test_chance_that_ranges_come_out_apart_by_luck():
     assert chance_apart(2, 2) == pytest.approx(1 / 3)
     assert chance_apart(3, 3) == pytest.approx(0.1)
     assert chance_apart(0, 3) == 1.0
+
+
+def test_the_one_noise_rule_and_its_wording():
+    """Beyond noise = ranges apart AND apart by chance at most 10%: three starts a side."""
+    c = compare([10, 11, 12], [20, 21, 22])
+    assert c["ranges_apart"] and c["p_chance"] == pytest.approx(0.1) and not c["within_noise"]
+    assert c["noise"] == "beyond noise: ranges apart over 3 and 3 engine starts, p=0.10 by chance"
+    c = compare([10, 11], [20, 21])  # as far apart, but two a side split that cleanly 1 time in 3
+    assert c["ranges_apart"] and c["within_noise"]
+    assert c["noise"] == (
+        "within noise: ranges apart, but 2 and 2 engine starts come apart by chance p=0.33"
+    )
+    c = compare([10, 11, 15], [12, 13, 14])
+    assert (
+        not c["ranges_apart"]
+        and c["noise"] == "within noise: ranges overlap over 3 and 3 engine starts"
+    )
+    c = compare([10], [20, 21, 22, 23])  # one start on a side never decides anything
+    assert c["ranges_apart"] and c["within_noise"] and c["p_chance"] == pytest.approx(0.4)
+    c = compare([], [1, 2, 3])
+    assert c["within_noise"] and c["noise"] == "not measured on both sides"
+    # a stricter alpha is the only knob; direction does not matter
+    assert compare([20, 21, 22], [10, 11, 12])["within_noise"] is False
+    assert compare([10, 11, 12], [20, 21, 22], alpha=0.05)["within_noise"] is True

@@ -174,13 +174,6 @@ def add_derived(df):
     return df
 
 
-def noise_word(c: dict) -> str:
-    """How to read a metrics.compare result: within / outside the noise, or noise unknown."""
-    if min(c["a"]["n"], c["b"]["n"]) < 2:
-        return "noise unknown (one engine start on a side)"
-    return "within the noise" if c["within_noise"] else "outside the noise"
-
-
 def _fmt(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
@@ -212,9 +205,7 @@ def side_by_side(frames: dict, a: str, b: str, metrics=BASELINE_METRICS):
             if not va and not vb:
                 continue
             sa, sb = spread(va), spread(vb)
-            c = compare(va, vb) if va and vb else {"ratio": float("nan"), "within_noise": None}
-            if min(len(va), len(vb)) < 2:
-                c["within_noise"] = None  # one engine start on a side: the noise is unknown
+            c = compare(va, vb)
             rows.append(
                 {
                     "workload": wl,

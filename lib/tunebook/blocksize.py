@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .errors import ConfigError
-from .metrics import spread
-from .prefill import noise_tag, separation
+from .metrics import compare, spread
 
 
 def screen(candidates: Iterable[int], settings: dict) -> list[dict]:
@@ -231,7 +230,7 @@ def speed_ranking(df, metric: str = "output_throughput_tok_s") -> dict:
     thr = {int(b): g[metric].dropna().tolist() for b, g in df.groupby("block_size")}
     med = {b: spread(v)["median"] for b, v in thr.items()}
     best = max(med, key=med.get)
-    others = {b: separation(thr[best], v) for b, v in thr.items() if b != best}  # ratio other/best
+    others = {b: compare(thr[best], v) for b, v in thr.items() if b != best}  # ratio other/best
     return {"values": thr, "median": med, "best": best, "vs_best": others}
 
 
@@ -277,7 +276,7 @@ def c4_verdict(
         med, best = rank["median"], rank["best"]
         speed_txt = "output tok/s median " + ", ".join(f"{b}: {med[b]:,.0f}" for b in sorted(med))
         gaps = "; ".join(
-            f"{b}: x{c['ratio']:.2f} of {best} ({noise_tag(c)})"
+            f"{b}: x{c['ratio']:.2f} of {best} ({c['noise']})"
             for b, c in sorted(rank["vs_best"].items())
         )
         speed_txt += f" (fastest median: {best}; {gaps or 'one size only'})"
@@ -303,7 +302,7 @@ def c4_verdict(
         return verdict("C4", "refuted", figure, evidence, spread=sp, note=note)
 
     vs16 = {
-        b: separation(rank["values"][claimed], v) for b, v in rank["values"].items() if b != claimed
+        b: compare(rank["values"][claimed], v) for b, v in rank["values"].items() if b != claimed
     }  # ratio other / 16
     beaten = [b for b, c in vs16.items() if not c["within_noise"] and c["ratio"] > 1]
     wins = all(not c["within_noise"] and c["ratio"] < 1 for c in vs16.values())

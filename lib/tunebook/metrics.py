@@ -79,6 +79,10 @@ def meets_slo(record: dict, slo: dict) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------- the noise rule
+ALPHA = 0.1  # a gap counts only if ranges this cleanly apart would arise by chance at most 10%
+
+
 def chance_apart(n_a: int, n_b: int) -> float:
     """Chance that the min-max ranges of n_a and n_b runs of one and the same configuration come
     out disjoint: 2 * n_a! * n_b! / (n_a + n_b)! (1/3 for 2 vs 2, 1/10 for 3 vs 3); 1 if a side is empty."""
@@ -103,9 +107,44 @@ def spread(values: Iterable[float]) -> dict:
     }
 
 
-def compare(a: Sequence[float], b: Sequence[float]) -> dict:
-    """Ratio of medians b/a, and whether the gap is within the noise (the ranges overlap)."""
+def compare(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> dict:
+    """The one noise rule of tunebook: is the gap between configurations a and b real?
+
+    Each side is a figure measured over several engine starts. The gap is *beyond the noise* when
+    the two min-max ranges are disjoint **and** ranges that clean would come apart by chance at
+    most ``alpha`` of the time if both were one configuration (``chance_apart``: 1/3 with two
+    starts a side, so never enough; 1/10 with three). Otherwise it is within the noise.
+
+    Returns ``ratio`` (median b / median a), the ``a`` and ``b`` spreads, ``ranges_apart``,
+    ``p_chance``, ``within_noise`` and ``noise`` (the wording every notebook prints).
+    """
     sa, sb = spread(a), spread(b)
     ratio = sb["median"] / sa["median"] if sa["median"] else float("nan")
-    overlap = not (sb["min"] > sa["max"] or sa["min"] > sb["max"])
-    return {"ratio": ratio, "a": sa, "b": sb, "within_noise": overlap}
+    measured = sa["n"] > 0 and sb["n"] > 0
+    apart = measured and (sb["min"] > sa["max"] or sa["min"] > sb["max"])
+    p = chance_apart(sa["n"], sb["n"])
+    c = {
+        "ratio": ratio,
+        "a": sa,
+        "b": sb,
+        "ranges_apart": apart,
+        "p_chance": p,
+        "within_noise": not (apart and p <= alpha),
+    }
+    c["noise"] = noise_words(c)
+    return c
+
+
+def noise_words(c: dict) -> str:
+    """The wording of the noise rule for one comparison (see ``compare``)."""
+    na, nb = c["a"]["n"], c["b"]["n"]
+    if not na or not nb:
+        return "not measured on both sides"
+    starts = f"{na} and {nb} engine starts"
+    if not c["within_noise"]:
+        return f"beyond noise: ranges apart over {starts}, p={c['p_chance']:.2f} by chance"
+    if c["ranges_apart"]:
+        return (
+            f"within noise: ranges apart, but {starts} come apart by chance p={c['p_chance']:.2f}"
+        )
+    return f"within noise: ranges overlap over {starts}"

@@ -24,35 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .metrics import chance_apart, compare, percentile, spread
+from .metrics import compare, percentile, spread
 from .model import ModelShape
-
-ALPHA = 0.1  # a gap counts only if ranges this cleanly apart would arise by chance at most 10%
-
-
-def separation(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> dict:
-    """metrics.compare (ratio of medians b/a, ranges overlap?), plus how likely a clean split is.
-
-    With n_a and n_b engine starts and no real difference, the two min-max ranges come out
-    disjoint with probability 2 * n_a! * n_b! / (n_a + n_b)! (1/3 for 2 vs 2, 1/10 for 3 vs 3).
-    The gap is beyond the noise only if the ranges are disjoint and that chance is <= alpha;
-    ``within_noise`` says the opposite, so the result reads like metrics.compare's.
-    """
-    c = compare(a, b)
-    na, nb = c["a"]["n"], c["b"]["n"]
-    p = chance_apart(na, nb)
-    beyond = (not c["within_noise"]) and p <= alpha
-    return {**c, "overlap": c["within_noise"], "p_chance": p, "within_noise": not beyond}
-
-
-def noise_tag(c: dict) -> str:
-    """'within noise' or 'beyond noise', with why when the ranges are apart but too few starts."""
-    if not c["within_noise"]:
-        return f"beyond noise (p={c['p_chance']:.2f})"
-    if not c["overlap"]:
-        return f"within noise (ranges apart, but p={c['p_chance']:.2f} by chance)"
-    return "within noise"
-
 
 # --------------------------------------------------------------------------- roofline
 
@@ -574,7 +547,7 @@ def c8_verdict(
         unit = "tok/s" if "throughput" in name else "ms"
         if best == good:
             # how 2048 fares against every other value: does the sweep resolve anything?
-            gaps = {v: separation(series[good], x) for v, x in series.items() if v != good}
+            gaps = {v: compare(series[good], x) for v, x in series.items() if v != good}
             won = [int(v) for v, g in gaps.items() if not g["within_noise"]]
             beats += won
             parts.append(
@@ -582,10 +555,10 @@ def c8_verdict(
                 f" {', '.join(map(str, won)) or 'none'})"
             )
         else:
-            cmp = separation(series[best], series[good])
+            cmp = compare(series[best], series[good])
             parts.append(
                 f"{name}: best {int(best)} ({med[best]:.1f} {unit}), {good} {med[good]:.1f} {unit}"
-                f" ({noise_tag(cmp)})"
+                f" ({cmp['noise']})"
             )
             if not cmp["within_noise"]:
                 worse.append(name)
@@ -632,7 +605,7 @@ def c10_table(
         key = f"ttft_{c}_p50_ms"
         b = loaded.loc[loaded[col] == before, key].dropna().tolist() if key in loaded else []
         a = loaded.loc[loaded[col] == after, key].dropna().tolist() if key in loaded else []
-        cmp = separation(b, a) if b and a else None
+        cmp = compare(b, a) if b and a else None
         iso = (isolated or {}).get(c) or []
         rows.append(
             {
@@ -644,7 +617,7 @@ def c10_table(
                 f"measured after, mnbt={after} (ms)": spread(a)["median"] if a else float("nan"),
                 "measured after/before": cmp["ratio"] if cmp else float("nan"),
                 "within noise": cmp["within_noise"] if cmp else None,
-                "noise": noise_tag(cmp) if cmp else "not measured",
+                "noise": cmp["noise"] if cmp else "not measured",
                 "engine starts": f"{len(b)} / {len(a)}",
                 "alone, one at a time (ms)": float(np.median(iso)) if iso else float("nan"),
                 "alone: requests": len(iso),
