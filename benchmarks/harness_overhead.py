@@ -61,6 +61,7 @@ def main() -> None:
     for start in range(args.starts):
         for stats_on in (False, True):
             point = {
+                "point_id": f"stats-{stats_on}-r{start}",
                 "model": prof["model"],
                 "workload": prof["workload"],
                 "settings": {**prof["settings"], "disable_log_stats": not stats_on},

@@ -125,7 +125,7 @@ def measure(prof: dict, args, out: Path) -> dict:
             "torch_profiler_dump_cuda_time_total": False,
             "ignore_frontend": True,
         }
-    point = {"model": prof["model"], "settings": settings}
+    point = {"point_id": "roofline", "model": prof["model"], "workload": {}, "settings": settings}
     seed = iter(range(1000, 100000))
 
     def workload(n: int, prompt_len: int, output_len: int):

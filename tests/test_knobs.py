@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunebook import engine
+from tunebook import adapter, engine, isolation
 from tunebook.errors import ConfigError
 from tunebook.knobs import check_settings, valid_block_sizes, validate_settings
 
@@ -30,7 +30,7 @@ BAD = [
 
 @pytest.fixture(scope="module")
 def fields() -> dict:
-    return engine.engine_fields()
+    return adapter.engine_fields()
 
 
 def test_fields_come_from_the_installed_vllm(fields):
@@ -78,7 +78,7 @@ def test_settings_must_be_a_mapping():
 def test_bad_setting_raises_before_any_engine_starts(monkeypatch, base_point):
     """run_point validates in the caller: the engine is never constructed."""
 
-    real_popen = engine.subprocess.Popen
+    real_popen = isolation.subprocess.Popen
 
     def no_engine(*a, **k):
         raise AssertionError("an engine was started for an invalid point")
@@ -89,7 +89,7 @@ def test_bad_setting_raises_before_any_engine_starts(monkeypatch, base_point):
         return real_popen(cmd, *a, **k)
 
     monkeypatch.setattr(engine.Engine, "start", no_engine)
-    monkeypatch.setattr(engine.subprocess, "Popen", popen)
+    monkeypatch.setattr(isolation.subprocess, "Popen", popen)
     for settings, _ in BAD:
         point = {**base_point, "settings": {**base_point["settings"], **settings}}
         if "block_size" in settings and engine.platform_name() != "cpu":

@@ -168,16 +168,21 @@ def test_ray_isolated_points_ship_their_logs_and_leave_no_engine(cluster, tmp_pa
 def test_repeats_spread_over_gpus():
     """Two GPUs, configs A and B, equal run times: plain FIFO would pin A to GPU 0 and B to GPU 1;
     each config's repeats are spread evenly over both instead."""
-    pts = make_points({}, {"A": {}, "B": {}}, repeats=4)
+    from tunebook.points import Point
+
+    pts = [
+        Point.from_dict(p)
+        for p in make_points({"model": "m", "workload": {"kind": "fixed"}}, {"A": {}, "B": {}}, 4)
+    ]
     pending, ran, placed = list(pts), {}, []
     slots = [("n", ("0",)), ("n", ("1",))]
     first = [pending.pop(0), pending.pop(0)]  # A-r0 on GPU 0, B-r0 on GPU 1
     running = dict(zip(slots, first, strict=True))
     while running:
-        slot = min(running, key=lambda s: running[s]["point_id"])  # equal times: FIFO finish
+        slot = min(running, key=lambda s: running[s].point_id)  # equal times: FIFO finish
         p = running.pop(slot)
-        placed.append((p["point_id"], slot[1][0]))
-        ran.setdefault(slot, Counter())[p["config"]] += 1
+        placed.append((p.point_id, slot[1][0]))
+        ran.setdefault(slot, Counter())[p.config] += 1
         if pending:
             running[slot] = ray_executor._pick(pending, slot, ran, lookahead=2)
     per_gpu = Counter((pid[0], g) for pid, g in placed)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, engine_processes, kill_processes
 
-from tunebook import engine, interrupt, profiles
+from tunebook import engine, interrupt, isolation, profiles
 from tunebook.errors import ConfigError
+from tunebook.points import Point
 from tunebook.runner import claim_run_dir, new_run_id
 from tunebook.sweep import make_points, run_sweep
 
@@ -179,7 +180,7 @@ def no_engine(monkeypatch):
         return real_popen(cmd, *a, **k)
 
     monkeypatch.setattr(engine.Engine, "start", boom)
-    monkeypatch.setattr(engine.subprocess, "Popen", popen)
+    monkeypatch.setattr(isolation.subprocess, "Popen", popen)
 
 
 def test_model_path_without_config_json(tmp_path, base_point, no_engine):
@@ -248,10 +249,12 @@ def test_workload_too_long_for_max_model_len(base_point, no_engine):
 
 
 def test_trust_remote_code_is_false_unless_set(base_point):
-    assert engine.engine_kwargs(base_point)["trust_remote_code"] is False
-    assert engine.engine_kwargs({**base_point, "trust_remote_code": True})["trust_remote_code"]
+    assert Point.from_dict(base_point).engine_kwargs()["trust_remote_code"] is False
+    assert Point.from_dict({**base_point, "trust_remote_code": True}).engine_kwargs()[
+        "trust_remote_code"
+    ]
     on = {**base_point, "settings": {**base_point["settings"], "trust_remote_code": True}}
-    assert engine.engine_kwargs(on)["trust_remote_code"] is True
+    assert Point.from_dict(on).engine_kwargs()["trust_remote_code"] is True
 
 
 # --------------------------------------------------------------------------- run folders

@@ -155,15 +155,16 @@ class FakeRunner:
         self.fail = set(fail)
 
     def __call__(self, point, **kw):
-        self.calls.append(point["point_id"])
+        assert point._valid  # the sweep validated it once, before any point ran
+        self.calls.append(point.point_id)
         res = {
-            "point_id": point["point_id"],
-            "config": point.get("config"),
-            "repeat": point.get("repeat"),
-            "settings": point.get("settings"),
+            "point_id": point.point_id,
+            "config": point.config,
+            "repeat": point.repeat,
+            "settings": point.settings,
             "workload": {"name": "fixed"},
         }
-        if point.get("config") in self.fail:
+        if point.config in self.fail:
             return {**res, "status": "failed", "error": "ValueError: synthetic failure"}
         return {
             **res,

@@ -947,9 +947,9 @@ STORE_TRUE = {
 
 def deploy_kwargs(model: str, settings: dict) -> dict:
     """``LLM(**kwargs)`` for the chosen settings: the model path as measured, dummy weights if none."""
-    from .engine import engine_kwargs  # pure helper: does not import vllm
+    from .points import Point
 
-    kw = engine_kwargs({"model": model, "settings": dict(settings)})
+    kw = Point(point_id="deploy", model=model, workload={}, settings=dict(settings)).engine_kwargs()
     for k, v in DEFAULT_DROPS.items():
         if k in kw and kw[k] == v and k not in settings:
             kw.pop(k)

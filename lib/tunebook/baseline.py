@@ -30,19 +30,6 @@ ARTICLE_SETTINGS: dict = {
 
 
 # --------------------------------------------------------------------------- settings, one by one
-def vllm_reaction(name: str, value) -> str:
-    """What vLLM's own EngineArgs says to the setting alone (bypassing tunebook's checks)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    try:
-        EngineArgs(model="unused", **{name: value})
-    except TypeError as e:
-        return f"TypeError: {e}".replace("EngineArgs.__init__() ", "")
-    except Exception as e:  # noqa: BLE001 - any rejection is the answer
-        return f"{type(e).__name__}: {e}"[:300]
-    return "accepted by EngineArgs (checked later, at engine start)"
-
-
 def check_each(settings: dict, with_vllm: bool = True) -> list[dict]:
     """Validate every setting on its own, so that one bad name does not hide the next.
 
@@ -60,6 +47,8 @@ def check_each(settings: dict, with_vllm: bool = True) -> list[dict]:
             err = str(e)
         row = {"setting": name, "value": value, "valid": err is None, "error": err}
         if with_vllm:
+            from .adapter import vllm_reaction
+
             row["vllm"] = vllm_reaction(name, value)
         rows.append(row)
     return rows

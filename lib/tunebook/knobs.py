@@ -171,7 +171,7 @@ def valid_block_sizes(platform: str, candidates=(8, 16, 32, 64, 128, 256)) -> li
 
 
 def validate_settings(settings: dict, source: str | None = None) -> dict:
-    """Check settings against the installed vLLM (imports it through tunebook.engine)."""
-    from . import engine
+    """Check settings against the installed vLLM (imports it through tunebook.adapter)."""
+    from . import adapter
 
-    return check_settings(settings, engine.engine_fields(), engine.platform_name(), source)
+    return check_settings(settings, adapter.engine_fields(), adapter.platform_name(), source)

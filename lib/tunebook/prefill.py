@@ -397,20 +397,10 @@ def long_form(df, x: str, columns: dict[str, str]):
 
 
 def serve_default_batched_tokens() -> int | None:
-    """max_num_batched_tokens that `vllm serve` picks on this machine, from the installed vLLM.
+    """max_num_batched_tokens that `vllm serve` picks here (see adapter.serve_default_batched_tokens)."""
+    from .adapter import serve_default_batched_tokens as read
 
-    In-process engines made with AsyncLLM.from_engine_args use the ENGINE_CONTEXT and get 2048
-    whatever the card, and LLM(...) gets the offline default: a sweep must set the value
-    explicitly to speak for a server. None if the installed vLLM does not say.
-    """
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.usage.usage_lib import UsageContext
-
-        mnbt, _ = EngineArgs.get_batch_defaults(world_size=1)
-        return int(mnbt[UsageContext.OPENAI_API_SERVER])
-    except Exception:
-        return None
+    return read()
 
 
 # --------------------------------------------------------------------------- verdicts

@@ -112,12 +112,10 @@ def _placement(t0: float) -> dict:
     }
 
 
-def _failed(point: dict, error: str) -> dict:
-    from .engine import _skeleton
+def _failed(point, error: str) -> dict:
+    from .points import failed_result
 
-    res = _skeleton(point, None)
-    res["error"] = error[:4000]
-    return res
+    return failed_result(point, error[:4000])
 
 
 def run_task(point: dict, isolate: bool, timeout_s: float | None) -> tuple[dict, str | None]:
@@ -207,7 +205,7 @@ def _connect(ray, address: str | None) -> bool:
 
 
 def _gpus_per_point(point: dict) -> int:
-    s = point.get("settings") or {}
+    s = point.settings
     return max(
         1, int(s.get("tensor_parallel_size") or 1) * int(s.get("pipeline_parallel_size") or 1)
     )
@@ -218,7 +216,7 @@ def _task_env(point: dict, isolate: bool, tag: str, gpu: bool) -> dict[str, str]
     if not gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     if not isolate:  # in-process engine: the point's env must be there before vLLM is imported
-        env.update({k: str(v) for k, v in (point.get("env") or {}).items()})
+        env.update({k: str(v) for k, v in point.env.items()})
     return env
 
 
@@ -256,7 +254,7 @@ def _pick(
 
 
 def _config(point: dict) -> str:
-    return str(point.get("config") or point["point_id"])
+    return str(point.config or point.point_id)
 
 
 def _error_text(e: BaseException) -> str:
@@ -358,7 +356,7 @@ def run_points_ray(
         def deliver(point: dict, result: dict, log_text: str | None) -> None:
             if logs is not None and log_text is not None:
                 logs.mkdir(parents=True, exist_ok=True)
-                path = logs / f"{point['point_id']}.log"
+                path = logs / f"{point.point_id}.log"
                 path.write_text(log_text)
                 result["log_file"] = str(path)
             finish(result)

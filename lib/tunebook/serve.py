@@ -229,7 +229,7 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> dict:
             pass
     clean = proc.poll() is not None
     # Whatever is left of the group (EngineCore, workers) goes too.
-    from .engine import kill_group
+    from .isolation import kill_group
 
     kill_group(proc)
     return {"clean": clean, "returncode": proc.returncode, "stop_s": time.perf_counter() - t0}

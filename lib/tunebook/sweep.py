@@ -70,7 +70,7 @@ def _run_point_live(p: dict, panel, isolate: bool, timeout_s, log_path: Path) ->
     """run_point with the live panel fed: on_sample in-process, a tailed progress file isolated."""
     from .engine import run_point
 
-    panel.start_point(p["point_id"])
+    panel.start_point(p.point_id)
     if not isolate:
         result = run_point(
             p, isolate=False, timeout_s=timeout_s, log_path=log_path, on_sample=panel.update
@@ -78,7 +78,7 @@ def _run_point_live(p: dict, panel, isolate: bool, timeout_s, log_path: Path) ->
     else:
         from .live import ProgressTail
 
-        progress = log_path.with_name(f"{p['point_id']}.progress.jsonl")
+        progress = log_path.with_name(f"{p.point_id}.progress.jsonl")
         progress.parent.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
         tail = ProgressTail(progress, panel.update)
@@ -119,15 +119,16 @@ def run_sweep(
     from .engine import prepare
 
     sweep = SweepDir(out_dir)
-    ids = [p["point_id"] for p in points]
+    # Every bad key, setting or impossible workload is reported before any engine starts; the
+    # points are validated here once (typed Points from now on).
+    points = [prepare(p) for p in points]
+    ids = [p.point_id for p in points]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
         raise ConfigError(f"duplicate point ids in sweep: {sorted(dup)}", key="point_id")
-    for p in points:
-        prepare(p)  # every bad setting or impossible workload is reported before any engine starts
 
     def is_done(p: dict) -> bool:
-        prev = sweep.read(p["point_id"])
+        prev = sweep.read(p.point_id)
         return bool(prev) and (prev.get("status") == "ok" or not retry_failed)
 
     todo = [p for p in points if not is_done(p)]
@@ -186,8 +187,8 @@ def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
         panel = LivePanel(desc, total=len(todo))
     try:
         for p in todo:
-            phase("between", p["point_id"])
-            log_path = logs / f"{p['point_id']}.log"
+            phase("between", p.point_id)
+            log_path = logs / f"{p.point_id}.log"
             if panel is None:
                 result = run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path)
             else:

@@ -1,0 +1,87 @@
+"""Process groups: run an engine (or a server) where a crash, a hang or a kill cannot take the
+sweep down, and where nothing outlives its point.
+
+A child is started in a new session, so that it and every process it spawns (vLLM's EngineCore,
+its workers, an API server's children) form one group that ``kill_group`` kills at once. The child
+watches its parent (``watch_parent``): if the sweep itself is killed with SIGKILL, the child kills
+its own group, so no engine keeps holding the device.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .interrupt import PARENT_ENV
+
+
+def spawn(cmd: list[str], log, env: dict | None = None, **popen) -> subprocess.Popen:
+    """Start ``cmd`` in its own session (its own process group), output to ``log``.
+
+    The child learns our pid through PARENT_ENV, so that it can kill its group when we die.
+    """
+    env = {**(env if env is not None else os.environ), PARENT_ENV: str(os.getpid())}
+    return subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, **popen
+    )
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
+    """Kill the child's whole process group and reap the child.
+
+    With ``grace_s`` the group first gets SIGTERM (a server shuts down cleanly) and SIGKILL only
+    if the child has not exited by then; children of the group are killed either way.
+    """
+    if grace_s > 0 and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except (ProcessLookupError, PermissionError):
+            pass
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def wait_or_kill(proc: subprocess.Popen, timeout_s: float | None) -> tuple[int | None, bool]:
+    """Wait for the child; return (exit code, timed out). Its group is killed in every case:
+    also on KeyboardInterrupt (Ctrl-C of the sweep), which is raised again afterwards."""
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        return None, True
+    finally:
+        kill_group(proc)
+
+
+def watch_parent(parent_pid: int, tmp_dir: Path | None = None, interval_s: float = 0.5) -> None:
+    """Kill this process's whole group once the parent is gone (see the module doc)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        if tmp_dir is not None and tmp_dir.name.startswith("tunebook-"):
+            import shutil
+
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tunebook-parent-watch", daemon=True).start()
+
+
+def watch_parent_from_env(tmp_dir: Path | None = None) -> None:
+    """In a child started by ``spawn``: watch the parent named in the environment, if any."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        watch_parent(int(parent), tmp_dir)
