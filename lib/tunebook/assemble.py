@@ -500,10 +500,6 @@ def _objective(df, scenario: Scenario) -> tuple[str, str] | None:
     return None
 
 
-def _better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "max" else a < b
-
-
 def _rank(vals: dict[str, list[float]], direction: str) -> list[str]:
     return sorted(vals, key=lambda c: _median(vals[c]), reverse=(direction == "max"))
 

@@ -462,10 +462,6 @@ def drift_table(results: list[dict], reference: str):
     return pd.DataFrame(rows)
 
 
-def finite(x) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
-
-
 __all__ = [
     "article_bytes_per_token",
     "capacity_table",
