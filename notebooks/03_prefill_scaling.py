@@ -256,7 +256,7 @@ mixed_results = [
 for p in mixed_results:
     if p.get("status") != "ok":
         print(f"{p['point_id']} failed: {p.get('error')}")
-loaded = prefill.per_point(mixed_results)
+loaded = prefill.mixed_load_table(mixed_results)
 cols = [
     "max_num_batched_tokens",
     "repeat",

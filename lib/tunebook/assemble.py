@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .baseline import ARTICLE_SETTINGS as ARTICLE_AS_WRITTEN
+from .baseline import ARTICLE_AS_WRITTEN
 from .metrics import compare, meets_slo, spread
 
 # --------------------------------------------------------------------------- scenarios
