@@ -50,7 +50,7 @@ import tunebook.claims as claims
 import tunebook.engine as engine
 import tunebook.plots as plots
 import tunebook.workbook
-from tunebook.model import GIB, load_shape
+from tunebook.model import load_shape
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -107,7 +107,8 @@ print(f"platform: {platform}; vLLM {engine.vllm_version()}; model: {model}")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-checks = pd.DataFrame(bl.check_each(article_settings))
+check_rows = bl.check_each(article_settings)
+checks = pd.DataFrame(check_rows)
 with pd.option_context("display.max_colwidth", 200):
     print(checks.to_string(index=False))
 
@@ -180,19 +181,18 @@ for col, title in [
 
 # %%
 # NBVAL_CHECK_OUTPUT
-need = bl.concurrent_kv_need(claim_shape, 100, claim_tokens)
-space = bl.card_kv_space(
-    claim_shape, article_card_gib, article_settings.get("gpu_memory_utilization", 0.9)
+c6 = bl.c6_arithmetic(
+    claim_shape,
+    article_card_gib,
+    article_settings.get("gpu_memory_utilization", 0.9),
+    claim_tokens,
 )
-fit = int(space * GIB // (claim_tokens * need["bytes_per_token"]))
-print(f"{claim_model}: {need['bytes_per_token']:,} B per token (bf16)")
-print(
-    f"100 requests x {claim_tokens} tokens = {need['kv_bytes']:,} B = {need['kv_gib']:.2f} GiB of KV"
-)
+print(f"{claim_model}: {c6['bytes_per_token']:,} B per token (bf16)")
+print(f"100 requests x {claim_tokens} tokens = {c6['kv_bytes']:,} B = {c6['kv_gib']:.2f} GiB of KV")
 print(
     f"RTX 4090 ({article_card_gib} GiB) at gpu_memory_utilization "
-    f"{article_settings.get('gpu_memory_utilization')}: at most {space:.2f} GiB for KV after "
-    f"{claim_shape.weight_bytes() / GIB:.2f} GiB of weights -> {fit} requests of {claim_tokens} tokens"
+    f"{c6['gpu_memory_utilization']}: at most {c6['kv_space_gib']:.2f} GiB for KV after "
+    f"{c6['weights_gib']:.2f} GiB of weights -> {c6['requests_that_fit']} requests of {claim_tokens} tokens"
 )
 
 # %%
@@ -245,125 +245,44 @@ for r in wb.results("concurrent"):
 
 # %% [markdown]
 # ## Verdicts
+#
+# C1 rests on this machine's speed figures; C6 on the arithmetic above (the run's peak KV usage
+# and speed ratios beside it vary from run to run); C9 on what vLLM's own `EngineArgs` says.
 
 # %%
-device = "CPU (tiny model, dummy weights)" if platform == "cpu" else f"{platform} device"
-on_cpu = platform == "cpu"
-speed_caveat = (
-    " On CPU with a tiny model these speed figures say nothing about a GPU." if on_cpu else ""
+v_c1 = bl.c1_verdict(
+    frames,
+    platform,
+    repeats,
+    evidence=str(wb.sweep_dir(f"baseline_{next(iter(frames))}")),
+    vllm_version=engine.vllm_version(),
+    card_gib=article_card_gib,
 )
+print(claims.describe(v_c1))
 
-
-def med(df, config, col):
-    ok = df[(df["status"] == "ok") & (df["config"] == config)] if len(df) else df
-    return ok[col].median() if col in ok and len(ok) else float("nan")
-
-
-# C1: the baseline, as measured here, against the article's figures.
-first = next(iter(frames))
-base_bits = []
-for name, df in frames.items():
-    df = bl.add_derived(df)
-    base_bits.append(
-        f"{name}: {med(df, 'default', 'e2e_mean_ms'):.0f} ms per request (e2e mean), "
-        f"{med(df, 'default', 'request_throughput_rps'):.1f} QPS"
-    )
-mem_cols = [
-    med(df, "default", "device_memory_used_gib")
-    for df in frames.values()
-    if "device_memory_used_gib" in df
-]
-mem_txt = (
-    f"; device memory {max(mem_cols):.1f} GiB (vLLM holds gpu_memory_utilization x total, "
-    f"whatever the load)"
-    if mem_cols
-    else "; no device memory on CPU"
-)
-art = bl.article_qps_from_per_request(3.2, 3)
-default_gmu = med(
-    frames[first], "default", "cap_gpu_memory_utilization"
-)  # as this vLLM resolved it
-v_c1 = claims.verdict(
-    "C1",
-    "not reproducible",
-    figure=f"default config on {device}: " + "; ".join(base_bits) + mem_txt,
-    spread=f"{repeats} engine starts per config; ranges in the side-by-side table",
-    evidence=str(wb.root / f"baseline_{first}"),
-    note=(
-        "No RTX 4090 here. The article's own figures disagree: its script divides the run time "
-        f"by the number of prompts, so 3.2 s 'per request' over {art['prompts']} concurrent prompts "
-        f"is a {art['run_s']:.1f} s run, {art['implied_qps']:.2f} requests/s, not ~10 QPS. And "
-        f"vLLM holds gpu_memory_utilization (default {default_gmu:g} in vLLM {engine.vllm_version()}) of "
-        f"the card whatever the load: {default_gmu * article_card_gib:.1f} GiB on a {article_card_gib:g} GiB "
-        "card, not 4.8 GB." + speed_caveat
-    ),
-)
-
-# C6: 100 concurrent requests, memory and speed after "KV tuning".
-ok_conc = conc[conc["status"] == "ok"] if len(conc) else conc
-all_ran = len(ok_conc) == len(conc) and len(conc) > 0
-preempt = int(ok_conc["num_preemptions"].sum()) if len(ok_conc) else None
-cmp_e2e = bl.comparison(frames, "default", "article", "e2e_mean_ms")
-speed_txt = "; ".join(
-    f"{w}: article/default e2e = {c['ratio']:.2f} ({c['noise']})" for w, c in cmp_e2e.items()
-)
-mem_cmp = bl.comparison(frames, "default", "article", "device_memory_used_gib")
-mem_txt6 = (
-    "; ".join(
-        f"{w}: device memory {c['a']['median']:.1f} -> {c['b']['median']:.1f} GiB"
-        for w, c in mem_cmp.items()
-    )
-    or "device memory not measurable on CPU"
-)
-v_c6 = claims.verdict(
-    "C6",
-    "refuted" if fit >= 100 else "inconclusive",
-    figure=(
-        f"100 x {claim_tokens} tokens of {claim_model} need {need['kv_gib']:.2f} GiB of KV; a 4090 at "
-        f"gmu {article_settings.get('gpu_memory_utilization')} leaves at most {space:.1f} GiB ({fit} such "
-        f"requests). Here {concurrent_workload['num_requests']} requests at once: "
-        + ("ran on both configurations" if all_ran else "FAILED on some engines")
-        + f", {preempt} preemptions, peak KV usage "
-        + ", ".join(
-            f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%"
-            if r.sampled
-            else f"{r.config} not sampled (run < 0.25 s)"
-            for r in ok_conc.itertuples()
-        )
-    ),
-    spread=speed_txt,
+# %%
+v_c6 = bl.c6_verdict(
+    c6,
+    claim_model,
+    conc,
+    concurrent_workload["num_requests"],
+    frames,
     evidence=str(wb.sweep_dir("concurrent")),
-    note=(
-        "vLLM allocates the KV cache once at start; when it is full it queues or preempts "
-        "requests, it does not run out of memory (01_kv_cache_sizing squeezes it to show this). "
-        "An OOM at 100 requests comes from elsewhere (another process on the card, a "
-        "gpu_memory_utilization above the free memory), not from KV. "
-        f"Memory: {mem_txt6}; device memory follows gpu_memory_utilization, not the number of "
-        "requests." + speed_caveat
-    ),
+    platform=platform,
 )
+print(claims.describe(v_c6))
 
-# C9: settings that do not exist.
-rejected = checks[~checks["valid"]]
-missing = rejected[rejected["vllm"].str.startswith("TypeError")]
-v_c9 = claims.verdict(
-    "C9",
-    "refuted" if len(missing) else "inconclusive",
-    figure=(
-        f"{len(missing)} of the article's settings do not exist in vLLM {engine.vllm_version()}: "
-        + "; ".join(f"{r.setting}={r.value!r}: {r.error}" for r in missing.itertuples())
-    ),
-    evidence="check_each(article_settings) in this notebook",
-    note=(
-        "vLLM's own EngineArgs raises TypeError on both names; tunebook reports them before any "
-        "engine starts. The article's configuration ran here without them. "
-        + "; ".join(
-            f"{r.setting}={r.value!r} is also rejected: {r.error}"
-            for r in rejected.itertuples()
-            if r.setting not in set(missing["setting"])
-        )
-    ),
-)
+# %%
+# NBVAL_CHECK_OUTPUT
+v_c9 = bl.c9_verdict(check_rows, engine.vllm_version())
+print(claims.describe(v_c9))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+# C6's verdict follows from the arithmetic alone (its figures above include timings).
+print(claims.headline(v_c6))
+
+# %%
 verdicts = [v_c1, v_c6, v_c9]
 claims.write(run_dir, "00_baseline", verdicts)
 claims.table(verdicts)

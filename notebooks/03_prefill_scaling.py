@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.16.0
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -256,7 +256,7 @@ mixed_results = [
 for p in mixed_results:
     if p.get("status") != "ok":
         print(f"{p['point_id']} failed: {p.get('error')}")
-loaded = prefill.per_point(mixed_results)
+loaded = prefill.mixed_load_table(mixed_results)
 cols = [
     "max_num_batched_tokens",
     "repeat",
@@ -355,6 +355,4 @@ verdicts = [
 claims.write(run_dir, "03_prefill_scaling", verdicts)
 display(claims.table(verdicts))
 for v in verdicts:
-    print(
-        f"{v['claim']} {v['verdict'].upper()}: {v['figure']}\n  spread: {v['spread']}\n  note: {v['note']}\n"
-    )
+    print(claims.describe(v), end="\n\n")

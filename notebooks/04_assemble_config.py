@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.16.0
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -54,11 +54,12 @@ from IPython.display import Markdown, display
 import tunebook.assemble as assemble
 import tunebook.claims as claims
 import tunebook.engine as engine
+import tunebook.presets as presets
 import tunebook.results
 import tunebook.serve as serve
 import tunebook.workbook
 from tunebook.explorer import Explorer, decision_figure, ratio_bars
-from tunebook.model import GIB, load_shape
+from tunebook.model import load_shape
 from tunebook.profiles import NOTEBOOKS
 
 pd.set_option("display.width", 200)
@@ -295,28 +296,18 @@ val = run_validation(sweep_name, configs, workload)
 
 # %%
 if len(val) and (val["status"] == "ok").any():
-    vt = assemble.validation_table(val, reference="default")
-    display(vt.round(3))
+    validation = assemble.validation_table(val, reference="default")
+    display(validation.round(3))
     fig = ratio_bars(
-        vt,
+        validation,
         reference="default",
         title=f"Figure 4.V. {sc.name}: chosen and article relative to vLLM's default (median, min-max)",
     )
     fig.show()
-    objective = next((m for m, _ in sc.objectives if m in set(vt["metric"])), None)
     if not choice["changed"]:
-        aa = vt[(vt["config"] == "chosen") & (vt["within noise"] == False)]  # noqa: E712
-        print(
-            "A/A check: 'chosen' is vLLM's default itself;"
-            + (
-                f" {len(aa)} of {vt['metric'].nunique()} metric(s) come out beyond noise ({', '.join(aa['metric'])}):"
-                f" the rule lets one comparison in ten through by chance, so expect about that many here."
-                if len(aa)
-                else " no metric differs beyond the noise."
-            )
-        )
+        print(presets.aa_check(validation))
 else:
-    vt, objective = pd.DataFrame(), None
+    validation = pd.DataFrame()
     print("no validation results")
 
 # %% [markdown]
@@ -330,23 +321,25 @@ else:
 # %%
 others = []
 for i, (name, overrides) in enumerate(also_validate.items(), 1):
-    osc = assemble.SCENARIOS[name]
-    ochoice = assemble.choose(sweeps, name, slo, engine_settings)
-    ocfg = {"default": {}, "article": {"settings": article}}
-    if ochoice["changed"]:
-        ocfg = {"chosen": {"settings": dict(ochoice["changed"])}, **ocfg}
-    owl = {**osc.workload, **overrides}
-    oname = f"validate-{name}-{assemble.config_hash([ocfg, owl, validation_mode, slo, engine_settings])}"
-    print(f"{name} ({osc.describe()}): chosen = {ochoice['changed'] or 'vLLM default'}")
-    print(f"  workload: {owl}; sweep: {oname}")
-    oval = run_validation(oname, ocfg, owl)
-    if not (len(oval) and (oval["status"] == "ok").any()):
+    other_scenario = assemble.SCENARIOS[name]
+    other_choice = assemble.choose(sweeps, name, slo, engine_settings)
+    other_configs = {"default": {}, "article": {"settings": article}}
+    if other_choice["changed"]:
+        other_configs = {"chosen": {"settings": dict(other_choice["changed"])}, **other_configs}
+    other_workload = {**other_scenario.workload, **overrides}
+    other_sweep = f"validate-{name}-{assemble.config_hash([other_configs, other_workload, validation_mode, slo, engine_settings])}"
+    print(
+        f"{name} ({other_scenario.describe()}): chosen = {other_choice['changed'] or 'vLLM default'}"
+    )
+    print(f"  workload: {other_workload}; sweep: {other_sweep}")
+    other_points = run_validation(other_sweep, other_configs, other_workload)
+    if not (len(other_points) and (other_points["status"] == "ok").any()):
         continue
-    ovt = assemble.validation_table(oval, reference="default")
-    ovt.insert(0, "scenario", name)
-    others.append(ovt)
+    other_validation = assemble.validation_table(other_points, reference="default")
+    other_validation.insert(0, "scenario", name)
+    others.append(other_validation)
     ratio_bars(
-        ovt.drop(columns="scenario"),
+        other_validation.drop(columns="scenario"),
         reference="default",
         title=f"Figure 4.V{i}. {name}: relative to vLLM's default (median, min-max)",
     ).show()
@@ -367,89 +360,28 @@ else:
 # the engine reports its own KV size at start).
 
 # %%
-cshape = load_shape(claim_model)
-per_tok = cshape.kv_bytes_per_token()
-cards = []
-for gib in card_sizes_gib:
-    for gmu in (0.85, 0.9):
-        kv = gib * GIB * gmu - cshape.weight_bytes()
-        cards.append(
-            {
-                "card GiB": gib,
-                "gpu_memory_utilization": gmu,
-                "weights GiB": round(cshape.weight_bytes() / GIB, 2),
-                "KV tokens (upper bound)": int(max(kv, 0) // per_tok),
-                "4096-token requests": int(max(kv, 0) // (per_tok * 4096)),
-            }
-        )
-cards = pd.DataFrame(cards)
+claim_shape = load_shape(claim_model)
+cards = presets.card_table(claim_shape, card_sizes_gib)
 display(cards)
 
+# %%
+v_c11 = presets.c11_verdict(
+    choice,
+    validation,
+    others,
+    evidence=f"04_assemble_config/{sweep_name}; choice.json",
+    repeats=repeats,
+    had_sweeps=bool(sweeps),
+)
+print(claims.describe(v_c11))
 
 # %%
-def _ratio(cfg: str, metric: str):
-    if vt.empty or metric is None:
-        return None
-    r = vt[(vt["config"] == cfg) & (vt["metric"] == metric)]
-    return None if r.empty else r.iloc[0]
+# NBVAL_CHECK_OUTPUT
+v_c13 = presets.c13_verdict(cards, claim_model, claim_shape, platform)
+print(claims.describe(v_c13))
 
-
-cho = _ratio("chosen", objective)
-n_changed = len(choice["changed"])
-art_txt = (
-    assemble.versus_default(vt, "article", objective, label="article's configuration")
-    if not vt.empty
-    else None
-) or "no validation of the article's configuration in this run"
-noise = "within noise" if cho is not None and cho["within noise"] else "beyond noise"
-if cho is None:
-    cho_txt = "chosen not validated"
-elif not choice["changed"]:
-    cho_txt = (
-        f"chosen = vLLM's default, so two runs of one configuration differ by {cho['ratio vs default']:.3g}x"
-        f" ({noise}): the noise floor of this machine"
-    )
-else:
-    cho_txt = f"chosen at {cho['ratio vs default']:.3g}x the default's {objective} ({noise})"
-other_txt = []
-for ovt in others:
-    name = ovt["scenario"].iloc[0]
-    obj = next((m for m, _ in assemble.SCENARIOS[name].objectives if m in set(ovt["metric"])), None)
-    t = assemble.versus_default(ovt, "article", obj)
-    if t:
-        other_txt.append(f"{name}: {t}")
-verdicts = [
-    claims.verdict(
-        "C11",
-        "partly" if sweeps else "inconclusive",
-        f"{sc.name}: {n_changed} setting(s) changed from vLLM's defaults; {cho_txt}; {art_txt}"
-        + "".join(f"; {t}" for t in other_txt),
-        f"04_assemble_config/{sweep_name}; choice.json",
-        spread=(f"min-max over {repeats} engine starts per configuration" if len(vt) else None),
-        note=(
-            "Presets per scenario are worth having, but they should come from measurements under a "
-            "stated SLO, not be copied: a setting changes only when its sweep beats vLLM's default "
-            f"beyond the noise. {len(choice['missing'])} topic(s) had no evidence in this run."
-        ),
-    ),
-    claims.verdict(
-        "C13",
-        "partly",
-        "; ".join(
-            f"{r['card GiB']} GiB: {r['KV tokens (upper bound)']:,} KV tokens"
-            for r in cards[cards["gpu_memory_utilization"] == 0.9].to_dict("records")
-            if r["card GiB"] in (16, 24, 80)
-        )
-        + " (gmu 0.9, upper bound)",
-        "04_assemble_config (arithmetic on the model config)",
-        note=(
-            f"{claim_model} weighs {cshape.weight_bytes() / GIB:.2f} GiB: on any card of 8 GiB or more "
-            "the memory split is almost all KV cache, so per-card presets differ in KV capacity "
-            "(how many sequences of what length fit), which follows from arithmetic and the engine's "
-            f"own report, not in other settings. Measured here only on {platform}."
-        ),
-    ),
-]
+# %%
+verdicts = [v_c11, v_c13]
 claims.write(run_dir, "04_assemble_config", verdicts)
 ledger = claims.read_all(run_dir)
 display(claims.table(ledger))
@@ -499,7 +431,11 @@ else:
 for d in choice["decisions"]:
     lines.append(f"- `{d['setting']}`: {d['status']} ({d['notebook']}/{d['sweep']}). {d['reason']}")
 lines += [f"- {m}." for m in choice["missing"]]
-lines.append(f"**Validation:** {cho_txt}; {art_txt}.")
+objective = presets.objective_metric(sc.name, validation)
+lines.append(
+    f"**Validation:** {presets.chosen_text(choice, validation, objective)};"
+    f" {presets.article_text(validation, objective)}."
+)
 lines.append(
     f"**Files:** {', '.join(f'`{p}`' for p in files.values())}. Check it: `python -m tunebook.serve {files['serve.yaml']} --check`."
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -20,13 +21,16 @@ GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"
 
 
 def neutral_paths(nb) -> None:
-    """Checkout and home paths out of the outputs nbval does not compare (marked cells are
-    sanitised by tests/nbval_sanitize.cfg instead)."""
+    """Checkout, virtualenv and home paths out of the outputs nbval does not compare (marked
+    cells are sanitised by tests/nbval_sanitize.cfg instead). The virtualenv may live outside
+    the checkout (a git worktree sharing another checkout's .venv): it is written as .venv/."""
     root, home = str(GOLDEN.parents[1]) + "/", os.path.expanduser("~").rstrip("/") + "/"
+    venv = str(Path(sys.prefix).resolve()) + "/"
     for cell in nb.cells:
         if cell.cell_type != "code" or cell.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT"):
             continue
-        text = json.dumps(cell.outputs).replace(root, "").replace(home, "~/")
+        text = json.dumps(cell.outputs).replace(venv, ".venv/").replace(root, "")
+        text = text.replace(home, "~/")
         cell.outputs = nbformat.from_dict(json.loads(text))
 
 

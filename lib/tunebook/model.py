@@ -1,7 +1,6 @@
 """Model shapes from a Hugging Face config.json, and the KV-cache and weight arithmetic that follows.
 
-Pure Python: no vllm, no torch. The tiny CPU test model is built here too (transformers and
-tokenizers only), so that CI runs a real engine on a model of the right *shape*.
+Pure Python: no vllm, no torch.
 """
 
 from __future__ import annotations
@@ -168,85 +167,3 @@ def seed_article_kv_bytes_per_token() -> int:
     high; over the 18 layers it leaves out, the two errors nearly cancel: 11% below 18,432 B.
     """
     return 2 * 32 * 128 * 2
-
-
-TINY_ERNIE = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    vocab_size=1024,
-    max_position_embeddings=4096,
-)
-
-_CORPUS = [
-    "请用中文介绍一下人工智能的发展历史。",
-    "写一篇关于环境保护的短文，三百字左右。",
-    "解释一下什么是机器学习，用简单的语言说明。",
-    "vLLM 使用 PagedAttention 管理 KV cache，并以连续批处理提高吞吐。",
-    "The quick brown fox jumps over the lazy dog while the engine schedules prefill chunks.",
-    "Key-value caches grow with layers, heads, head dimension and context length.",
-    "你好，我想了解一下今天的天气和交通情况。",
-    "请把下面这段话翻译成英文：模型部署需要根据证据选择参数。",
-]
-
-
-def make_tiny_model(dest: str | Path, **overrides) -> Path:
-    """Write a tiny ERNIE-4.5-shaped model folder (config.json + a locally trained tokenizer).
-
-    No weights: engines load it with load_format="dummy". The tokenizer is a byte-level BPE
-    trained on a few sentences, so text prompts and the OpenAI-compatible server work on it.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Ernie4_5Config
-
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    shape = {**TINY_ERNIE, **overrides}
-    cfg = Ernie4_5Config(
-        **shape,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        hidden_act="silu",
-        use_bias=False,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    cfg.architectures = ["Ernie4_5ForCausalLM"]
-    cfg.dtype = "bfloat16"
-    cfg.save_pretrained(dest)
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3: pad 0, bos 1, eos 2 as in ERNIE
-    trainer = trainers.BpeTrainer(
-        vocab_size=shape["vocab_size"],
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.save(str(dest / "tokenizer.json"))
-    (dest / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<s>",
-                "eos_token": "</s>",
-                "pad_token": "<pad>",
-                "unk_token": "<unk>",
-                "model_max_length": shape["max_position_embeddings"],
-                "chat_template": (
-                    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                    "{% if add_generation_prompt %}assistant: {% endif %}"
-                ),
-            },
-            indent=2,
-        )
-    )
-    return dest

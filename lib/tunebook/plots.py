@@ -39,41 +39,6 @@ def bar_with_spread(
     return fig
 
 
-def line_with_spread(
-    df,
-    x: str,
-    y: str,
-    color: str | None = None,
-    title: str = "",
-    log_x: bool = False,
-    yaxis: str | None = None,
-):
-    """Median line per group with a min-max band."""
-    med, lo, hi = _agg(df, x, y, color)
-    fig = go.Figure()
-    groups = [None] if not color else list(dict.fromkeys(med[color]))
-    for gname in groups:
-        sel = (med[color] == gname) if color else slice(None)
-        m, mn, mx = med[sel], lo[sel], hi[sel]
-        name = str(gname) if color else y
-        fig.add_scatter(
-            x=m[x],
-            y=m[y],
-            mode="lines+markers",
-            name=name,
-            error_y=dict(
-                type="data",
-                symmetric=False,
-                array=(mx[y] - m[y]).tolist(),
-                arrayminus=(m[y] - mn[y]).tolist(),
-            ),
-        )
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=yaxis or y, template="plotly_white")
-    if log_x:
-        fig.update_xaxes(type="log")
-    return fig
-
-
 def timeline(samples: list[dict], title: str = "engine state during the run"):
     """KV usage and queue depths over time, from a point's sampled gauges."""
     fig = go.Figure()

@@ -348,8 +348,9 @@ def class_ttft(
     return out
 
 
-def per_point(results: list[dict], classes=("short", "long", "mixed")):
-    """One row per point of the batched-tokens sweep: headline metrics and TTFT per class."""
+def mixed_load_table(results: list[dict], classes=("short", "long", "mixed")):
+    """One row per point of the mixed-load (batched-tokens) sweep: headline metrics and TTFT per
+    request class."""
     import pandas as pd
 
     p50 = class_ttft(results, q=50)
@@ -583,7 +584,7 @@ def c10_table(
 ):
     """The article's TTFT per class next to the measured one, before -> after its setting change.
 
-    ``loaded`` is per_point() of the mixed-load sweep (p50 TTFT per class and engine start);
+    ``loaded`` is mixed_load_table() of the mixed-load sweep (p50 TTFT per class and engine start);
     ``isolated`` maps a class to the TTFT of requests run alone (reference, one setting).
     """
     import pandas as pd

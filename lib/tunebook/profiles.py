@@ -121,7 +121,8 @@ def _top_level_alternatives(type_str: str) -> list[str]:
     return [*parts, cur]
 
 
-def _type_ok(type_str: str, value) -> bool:
+def _matches_hint(type_str: str, value) -> bool:
+    """Whether ``value`` fits a notebook parameter's type hint, given as text ("int | None")."""
     if value is None and ("None" in type_str or "Optional" in type_str):
         return True
     t = type_str.strip()
@@ -151,7 +152,7 @@ def notebook_params(profile: dict, notebook: str) -> dict:
                 source=src,
             )
         t = declared[key]["type"]
-        if not _type_ok(t, value):
+        if not _matches_hint(t, value):
             raise ConfigError(
                 f"{notebook}.{key} = {value!r} ({type(value).__name__}) does not match {t}",
                 key=key,
