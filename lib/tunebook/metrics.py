@@ -64,19 +64,63 @@ def summarize(records: list[dict], duration_s: float, slo: dict | None = None) -
         good = sum(1 for r in records if meets_slo(r, slo))
         out["goodput_rps"] = good / duration_s
         out["slo_attainment_pct"] = 100.0 * good / n if n else float("nan")
+        out["slo_holds"] = slo_holds(records, slo)
+    errors = sum(1 for r in records if r.get("error"))
+    if errors:
+        out["failed_requests"] = errors
     return out
 
 
+# --------------------------------------------------------------------------- the SLO
+# The one definition, used by every measurement and label: a request is *good* when its own TTFT
+# and its own TPOT are within their limits (vLLM's goodput definition; a failed request, or one
+# that produced no token, is never good); the SLO *holds* at a load when at least
+# ``attainment_pct`` of the requests are good. Capacity under the SLO is the highest request rate
+# at which it holds.
+SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+DEFAULT_ATTAINMENT_PCT = 99.0
+
+
 def meets_slo(record: dict, slo: dict) -> bool:
+    """Is this one request within every limit of ``slo``? (``attainment_pct`` is not a limit.)"""
+    if record.get("error"):
+        return False
     for key, limit in slo.items():
+        if key not in SLO_KEYS or limit is None:
+            continue
         v = record.get(key)
         if isinstance(v, list):  # itl_ms: every gap must be within the limit; none is no gap
             v = max(v) if v else None
         if v is None:
-            continue
+            if key == "ttft_ms":
+                return False  # no first token: not served
+            continue  # tpot of a one-token reply: no gap to judge
         if v > limit:
             return False
     return True
+
+
+def slo_attainment_pct(records: list[dict], slo: dict) -> float:
+    """Share of requests that are good under ``slo`` (NaN for no requests)."""
+    if not records:
+        return float("nan")
+    return 100.0 * sum(1 for r in records if meets_slo(r, slo)) / len(records)
+
+
+def slo_holds(records: list[dict], slo: dict) -> bool:
+    """The SLO holds when at least ``attainment_pct`` (default 99) % of requests are good."""
+    need = float(slo.get("attainment_pct", DEFAULT_ATTAINMENT_PCT))
+    return bool(records) and slo_attainment_pct(records, slo) >= need
+
+
+def slo_text(slo: dict | None) -> str:
+    """The SLO in words, as every label prints it."""
+    if not slo:
+        return "no SLO"
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "every ITL", "e2e_ms": "E2E"}
+    bounds = " and ".join(f"{names[k]} <= {slo[k]:g} ms" for k in SLO_KEYS if slo.get(k))
+    need = float(slo.get("attainment_pct", DEFAULT_ATTAINMENT_PCT))
+    return f"{need:g}% of requests each with {bounds}"
 
 
 # --------------------------------------------------------------------------- the noise rule

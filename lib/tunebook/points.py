@@ -48,6 +48,9 @@ class Point:
     repeat: int | None = None  # which engine start of the configuration this is
     serve: dict = field(default_factory=dict)  # served mode: server-only options, replicas, router
     rates: list | None = None  # served mode: request rates (req/s) measured in turn, one start
+    search: dict | None = (
+        None  # served mode: capacity search under the SLO (served.SEARCH_DEFAULTS)
+    )
 
     @classmethod
     def from_dict(cls, d: dict | Point, source: str | None = None) -> Point:
@@ -66,7 +69,7 @@ class Point:
         for k in ("point_id", "model", "workload"):
             if d.get(k) in (None, ""):
                 raise ConfigError(f"a point needs {k!r}", key=k, source=source)
-        p = cls(**{k: v for k, v in d.items() if v is not None or k in ("slo", "rates")})
+        p = cls(**{k: v for k, v in d.items() if v is not None or k in ("slo", "rates", "search")})
         p._check(source)
         return p
 
@@ -95,6 +98,13 @@ class Point:
                 isinstance(r, int | float) and not isinstance(r, bool) and r > 0 for r in self.rates
             ):
                 bad("rates", "must be a list of positive request rates (req/s)")
+        if self.search is not None:
+            if self.mode != "served":
+                bad("search", "needs mode 'served' (a capacity search drives a server)")
+            if not isinstance(self.search, dict):
+                bad("search", "must be a mapping (served.SEARCH_DEFAULTS lists its keys)")
+            if not self.slo:
+                bad("search", "needs an SLO: the capacity is the highest rate at which it holds")
         if self.serve and self.mode != "served":
             bad("serve", "is for mode 'served' (options of vllm serve and the router)")
 
@@ -160,7 +170,7 @@ class Result:
     memory: dict | None = None
     metrics: dict | None = None  # the last repeat's headline figures
     repeat_metrics: list | None = None
-    per_rate: list | None = None  # served rate search: metrics at each offered rate
+    per_rate: list | None = None  # served: metrics at each offered rate (rates or capacity search)
     requests: list | None = None
     timeline: list | None = None
     wall_s: float | None = None

