@@ -158,6 +158,10 @@ def _worker(args: tuple) -> tuple[list[dict], dict]:
 
 def _serve_jobs() -> None:
     """A worker process: one JSON job per stdin line, one JSON answer per stdout line."""
+    import aiohttp  # noqa: F401 - imported before "ready", so no schedule waits on the import
+
+    sys.stdout.write(json.dumps({"ready": os.getpid()}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         job = json.loads(line)
         reqs = [ClientRequest(**r) for r in job["requests"]]
@@ -203,6 +207,9 @@ class LoadGenerator:
             )
             for _ in range(workers)
         ]
+        for p in self._procs:  # a schedule must not start before its workers can send
+            if not p.stdout.readline():
+                raise RuntimeError(f"load-generator worker {p.pid} failed to start")
 
     def run(
         self,

@@ -1,0 +1,371 @@
+"""Served mode: `vllm serve` deployments (replicas behind vllm-router), the streamed load
+generator, the capacity search, faults and bad input.
+
+Pure logic runs against fakes (a fake SSE server for the client's timing rules, a fake measure for
+the search); everything about vLLM's behaviour runs on real CPU servers of the tiny model.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+from conftest import TEST_TAG_ENV
+
+from tunebook import served
+from tunebook.errors import ConfigError
+from tunebook.loadgen import ClientRequest, LoadGenerator, parse_event, record_from_stamps
+from tunebook.metrics import meets_slo, slo_holds, slo_text
+from tunebook.points import Point
+
+SETTINGS = {"enforce_eager": True, "kv_cache_memory_bytes": 32 << 20, "max_model_len": 512}
+SLO = {"ttft_ms": 5000.0, "tpot_ms": 1000.0}
+
+
+def served_processes() -> list:
+    """Live processes of this test session that belong to a served deployment."""
+    import psutil
+
+    tag = os.environ[TEST_TAG_ENV]
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            cmd = " ".join(p.info["cmdline"] or [])
+            if not any(k in cmd for k in ("vllm", "tunebook.isolation", "tunebook.loadgen")):
+                if "EngineCore" not in (p.name() or ""):
+                    continue
+            if p.environ().get(TEST_TAG_ENV) == tag:
+                found.append(p)
+        except Exception:  # noqa: BLE001 - gone or not ours
+            continue
+    return found
+
+
+def wait_gone(timeout_s: float = 30) -> list:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = served_processes()
+        if not left:
+            return []
+        time.sleep(0.5)
+    return served_processes()
+
+
+def point(pid="s", **kw) -> dict:
+    return {
+        "point_id": pid,
+        "model": "tiny-ernie",
+        "mode": "served",
+        "settings": dict(SETTINGS),
+        "workload": {"kind": "fixed", "num_requests": 6, "prompt_len": 32, "output_len": 8},
+        "slo": dict(SLO),
+        "warmup_requests": 1,
+        **kw,
+    }
+
+
+# --------------------------------------------------------------------------- the SLO, one definition
+def test_one_slo_definition():
+    slo = {"ttft_ms": 500, "tpot_ms": 50}
+    assert meets_slo({"ttft_ms": 400, "tpot_ms": 40}, slo)
+    assert not meets_slo({"ttft_ms": 400, "tpot_ms": 60}, slo)
+    assert not meets_slo({"ttft_ms": 400, "tpot_ms": 40, "error": "HTTP 500"}, slo)
+    assert not meets_slo({"output_tokens": 0}, slo)  # nothing served is never good
+    assert meets_slo({"ttft_ms": 10, "tpot_ms": None}, slo)  # one token: no TPOT to judge
+    recs = [{"ttft_ms": 1, "tpot_ms": 1}] * 99 + [{"ttft_ms": 900, "tpot_ms": 1}]
+    assert slo_holds(recs, slo)  # 99% good
+    assert not slo_holds(recs[:-2] + [recs[-1]] * 2, slo)  # 98%
+    assert slo_holds(recs, {**slo, "attainment_pct": 90})
+    assert not slo_holds([], slo)
+    assert slo_text(slo) == "99% of requests each with TTFT <= 500 ms and TPOT <= 50 ms"
+
+
+# --------------------------------------------------------------------------- the capacity search
+def test_search_grows_then_bisects():
+    tried = []
+
+    def measure(rate):
+        tried.append(rate)
+        return rate <= 10
+
+    out = served.search_rates(measure, {"start_rps": 2, "bisect_steps": 3})
+    assert tried[:4] == [2, 4, 8, 16]
+    assert out["capacity_rps"] == pytest.approx(9.514, rel=1e-3)  # sqrt(8 * 11.31)
+    assert out["first_failing_rps"] == pytest.approx(10.375, rel=1e-3)
+    assert all((r <= 10) == (r <= out["capacity_rps"]) for r in tried)
+
+
+def test_search_shrinks_when_the_first_rate_fails_and_stops_at_the_cap():
+    out = served.search_rates(lambda r: r <= 1.5, {"start_rps": 8, "bisect_steps": 0})
+    assert out == {"capacity_rps": 1.0, "first_failing_rps": 2.0, "capped": False}
+    out = served.search_rates(lambda r: False, {"start_rps": 1, "min_rps": 0.5})
+    assert out == {"capacity_rps": None, "first_failing_rps": 0.5, "capped": False}
+    out = served.search_rates(lambda r: True, {"start_rps": 1, "max_rps": 8})
+    assert out == {"capacity_rps": 8, "first_failing_rps": None, "capped": True}
+
+
+def test_rate_workload_has_fresh_prompts_and_enough_requests():
+    search = {**served.SEARCH_DEFAULTS, "duration_s": 2, "min_requests": 5}
+    spec = {"kind": "fixed", "prompt_len": 8, "output_len": 2, "seed": 3}
+    a = served.rate_workload(spec, 10, 0, search, 1000)
+    b = served.rate_workload(spec, 10, 1, search, 1000)
+    assert len(a) == 20 and len(served.rate_workload(spec, 1, 0, search, 1000)) == 5
+    assert a.requests[0].prompt_token_ids != b.requests[0].prompt_token_ids
+    assert 0 < a.requests[-1].arrival_s < 4  # Poisson at 10 req/s over ~2 s
+
+
+# --------------------------------------------------------------------------- Prometheus
+def test_parse_prometheus_sums_label_sets_and_drops_total():
+    text = """# HELP vllm:num_requests_running Number of requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:generation_tokens_total{engine="0"} 1.5e3
+vllm:kv_cache_usage_perc{engine="0"} 0.25
+garbage line
+"""
+    m = served.parse_prometheus(text)
+    assert m["vllm:num_requests_running"] == 5.0
+    assert m["vllm:generation_tokens"] == 1500.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.25
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "serve,match",
+    [
+        ({"replicas": 0}, r"replicas=0: the number of engine replicas must be a whole number >= 1"),
+        ({"replicas": "two"}, r"replicas='two'"),
+        (
+            {"replicas": 2, "router_policy": "fastest"},
+            r"router_policy='fastest' is not a vllm-router policy; choose one of .*round_robin",
+        ),
+        ({"replica": 2}, r"unknown serve option 'replica'; did you mean 'replicas'\?"),
+        ({"api": "grpc"}, r"api='grpc'"),
+        ({"client_workers": 0}, r"client_workers=0"),
+    ],
+)
+def test_bad_deployments_fail_before_any_server(serve, match):
+    with pytest.raises(ConfigError, match=match):
+        served.check_deployment(Point.from_dict(point(serve=serve)))
+    assert served_processes() == []
+
+
+def test_kv_shares_that_do_not_fit_are_refused(monkeypatch):
+    monkeypatch.setattr(served, "device_memory_bytes", lambda: ("cuda", 80 << 30))
+    big = point(serve={"replicas": 4}, settings={**SETTINGS, "kv_cache_memory_bytes": 24 << 30})
+    with pytest.raises(
+        ConfigError,
+        match=r"4 replicas x \(kv_cache_memory_bytes 24.00 GiB .* more than the 80.0 GiB of this GPU",
+    ):
+        served.check_deployment(Point.from_dict(big))
+    s = {k: v for k, v in SETTINGS.items() if k != "kv_cache_memory_bytes"}
+    gmu = point(serve={"replicas": 3}, settings={**s, "gpu_memory_utilization": 0.5})
+    with pytest.raises(
+        ConfigError, match=r"3 replicas x gpu_memory_utilization 0.5 = 1.50 of the card"
+    ):
+        served.check_deployment(Point.from_dict(gmu))
+    served.check_deployment(
+        Point.from_dict(point(serve={"replicas": 3}, settings=s))
+    )  # 0.9 / 3 each
+
+
+def test_port_in_use_is_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} is already in use"):
+            served.check_deployment(Point.from_dict(point(serve={"port": port})))
+
+
+def test_search_needs_served_mode_and_an_slo():
+    with pytest.raises(ConfigError, match="search=.* needs an SLO"):
+        Point.from_dict(point(search={}, slo=None))
+    with pytest.raises(ConfigError, match="needs mode 'served'"):
+        Point.from_dict({**point(search={}), "mode": "offline"})
+
+
+# --------------------------------------------------------------------------- the client, on a fake SSE server
+class _FakeSSE(http.server.BaseHTTPRequestHandler):
+    """Streams 4 chunks (the last with 2 tokens) 20 ms apart, then usage; /fail answers 500."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/fail/v1/completions"):
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"boom")
+            return
+        assert body["stream"] and body["stream_options"]["include_usage"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(4):
+            time.sleep(0.02)
+            ev = {"choices": [{"text": f"t{i}"}]}
+            self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
+            self.wfile.flush()
+        usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+    def log_message(self, *a):
+        pass
+
+
+def test_client_times_requests_as_bench_serve_does():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSSE)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    reqs = [ClientRequest(i, [5, 6, 7], 5, 0.1 * i, 3) for i in range(3)]
+    try:
+        with LoadGenerator(workers=2) as lg:
+            recs, check = lg.run(url, "m", reqs)
+            bad, bad_check = lg.run(url + "/fail", "m", reqs[:1])
+    finally:
+        srv.shutdown()
+    assert [r["request_id"] for r in recs] == ["0", "1", "2"]
+    for r in recs:
+        assert r["output_tokens"] == 5 and r["chunks"] == 4 and r["prompt_tokens"] == 3
+        assert len(r["itl_ms"]) == 3 and all(g > 5 for g in r["itl_ms"])
+        assert r["ttft_ms"] > 10 and r["e2e_ms"] >= r["ttft_ms"]
+        # TPOT per output token: 5 tokens over 4 chunks
+        assert r["tpot_ms"] == pytest.approx((r["e2e_ms"] - r["ttft_ms"]) / 4)
+        assert r["lag_ms"] >= 0
+    assert recs[2]["sent_s"] - recs[0]["sent_s"] == pytest.approx(0.2, abs=0.05)
+    assert check["client_workers"] == 2 and check["errors"] == 0
+    assert bad[0]["error"].startswith("RuntimeError: HTTP 500") and bad_check["errors"] == 1
+    assert not meets_slo(bad[0], {"ttft_ms": 1e9})
+
+
+def test_sse_parsing():
+    assert parse_event(b"data: [DONE]") is None and parse_event(b": keep-alive") is None
+    assert parse_event(b'data: {"a": 1}\n') == {"a": 1}
+    r = record_from_stamps(
+        ClientRequest(0, "hi", 3, 0.0), 1.0, [1.1], {"completion_tokens": 1}, 0.0
+    )
+    assert r["ttft_ms"] == pytest.approx(100) and r["tpot_ms"] is None
+
+
+# --------------------------------------------------------------------------- real servers
+@pytest.mark.engine
+def test_capacity_search_on_one_engine_start(tmp_path):
+    """One `vllm serve` start serves every rate of the search; capacity is the highest rate that
+    held, and every rate below it that was measured held too."""
+    from tunebook.engine import run_point
+
+    search = {"start_rps": 2, "duration_s": 2, "min_requests": 6, "bisect_steps": 1, "max_rps": 64}
+    res = run_point(point("cap", search=search), log_path=tmp_path / "logs" / "cap.log")
+    try:
+        assert res["status"] == "ok", res.get("error")
+        m, per = res["metrics"], res["per_rate"]
+        assert res["seconds"]["engine_start"] > 0 and len(per) == m["rates_measured"] >= 2
+        held = [r["offered_rps"] for r in per if r["slo_holds"]]
+        if m["capacity_rps"] is not None:
+            assert m["capacity_rps"] == max(r for r in held if r < (m["first_failing_rps"] or 1e9))
+        assert m["slo"] == slo_text(SLO)
+        assert res["capacity"]["engine_kv_tokens"] == 65536  # 32 MiB / 512 B per token
+        assert res["env"]["server"] == "vllm serve" and res["env"]["replicas"] == 1
+        assert (tmp_path / "logs" / "cap" / "replica0.log").is_file()
+    finally:
+        assert wait_gone() == []
+
+
+@pytest.mark.engine
+def test_a_replica_that_dies_mid_run_fails_the_point_and_nothing_is_left(tmp_path):
+    """The first engine-state sample of the run kills replica 1: the point is failed with the
+    reason, and every replica's group and the router are gone."""
+    from tunebook.engine import workload_of
+
+    p = Point.from_dict(
+        point(
+            "dies",
+            serve={"replicas": 2},
+            workload={
+                "kind": "fixed",
+                "num_requests": 40,
+                "prompt_len": 32,
+                "output_len": 64,
+                "request_rate": 4,
+            },
+        )
+    )
+    dep: dict = {}
+    orig = served.Deployment.start
+
+    def start(self):
+        dep["d"] = self
+        return orig(self)
+
+    killed = []
+
+    def on_sample(_s):
+        if not killed:
+            os.killpg(dep["d"].procs[1].pid, signal.SIGKILL)
+            killed.append(True)
+
+    served.Deployment.start = start
+    try:
+        res = served.execute_served(p, workload_of(p), on_sample=on_sample, log_dir=tmp_path)
+    finally:
+        served.Deployment.start = orig
+    assert killed and res["status"] == "failed"
+    assert "replica 1 died during the run" in res["error"], res["error"]
+    assert wait_gone() == []
+
+
+@pytest.mark.engine
+def test_a_replica_that_cannot_start_fails_the_point_with_vllms_reason(tmp_path):
+    from tunebook.engine import run_point
+
+    # 64 KiB of KV cannot hold one 512-token request: vLLM refuses at start.
+    bad = point("nostart", settings={**SETTINGS, "kv_cache_memory_bytes": 64 << 10})
+    res = run_point(bad, log_path=tmp_path / "nostart.log")
+    assert res["status"] == "failed"
+    assert "replica 0 (vllm serve) exited with code" in res["error"]
+    assert "KV cache" in res["error"] or "memory" in res["error"], res["error"]
+    assert wait_gone() == []
+
+
+# Last in the file: the module's shared deployment lives until the module ends, and the tests
+# above check that nothing of theirs is left.
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory):
+    """Two tiny replicas behind vllm-router (round robin), started once for the module."""
+    p = Point.from_dict(point("router", serve={"replicas": 2, "router_policy": "round_robin"}))
+    dep = served.Deployment(p, tmp_path_factory.mktemp("router"))
+    dep.start()
+    yield dep
+    dep.shutdown()
+
+
+@pytest.mark.engine
+def test_router_spreads_requests_over_replicas(two_replicas):
+    from tunebook.engine import workload_of
+
+    dep = two_replicas
+    assert dep.router_url and len(dep.urls) == 2
+    out = dep.run(workload_of(dep.point))
+    assert out["metrics"]["num_requests"] == 6 and not out["metrics"].get("failed_requests")
+    per = [served.parse_prometheus(served._get(u + "/metrics")[1]) for u in dep.urls]
+    assert all(m.get("vllm:generation_tokens", 0) > 0 for m in per)  # both replicas served
+    cap = dep.capacity()
+    assert cap["kv_tokens_per_replica"] == [65536, 65536] and cap["engine_kv_tokens"] == 131072
+    # the deployment check a user runs: completions and chat through the router
+    from tunebook.serve import http
+
+    st, body, _ = http(
+        "POST", dep.url + "/v1/completions", {"model": "tunebook", "prompt": "hi", "max_tokens": 3}
+    )
+    assert st == 200 and body["usage"]["completion_tokens"] == 3
+    chat = {"model": "tunebook", "messages": [{"role": "user", "content": "你好"}], "max_tokens": 3}
+    st, body, _ = http("POST", dep.url + "/v1/chat/completions", chat)
+    assert st == 200 and body["choices"][0]["message"]["role"] == "assistant"
