@@ -26,6 +26,8 @@ CLAIMS = {
     "C11": "Scenario presets: high-concurrency chat, long documents, low latency, high throughput",
     "C12": "Leave headroom in gpu_memory_utilization (start at 0.8); set max_model_len to need",
     "C13": "GPU-memory-dependent presets (<16 GB, >24 GB cards)",
+    # Not the article's: the workbook's own hypothesis, tested because a small model is host-bound.
+    "C14": "vLLM's default configuration serves a small model at (close to) its capacity",
 }
 VERDICTS = ("confirmed", "refuted", "partly", "not reproducible", "outdated", "inconclusive")
 

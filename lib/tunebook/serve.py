@@ -70,6 +70,20 @@ def vllm_executable() -> str:
     raise RuntimeError(f"no `vllm` command beside {sys.executable} or on PATH: {SETUP_HINT}")
 
 
+def vllm_cli() -> list[str]:
+    """The start of a ``vllm ...`` command line: vLLM's ``vllm`` script where it is installed, else
+    its CLI module run by this Python (wheels installed without console scripts, as on an offline
+    GPU node, still have ``vllm.entrypoints.cli.main``)."""
+    try:
+        return [vllm_executable()]
+    except RuntimeError:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm.entrypoints.cli.main") is None:
+            raise
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
 def vllm_command(config: str | Path, *extra: str) -> list[str]:
     """``vllm serve --config <config> <extra>``: the command a user runs, with this venv's vllm.
 
@@ -78,7 +92,7 @@ def vllm_command(config: str | Path, *extra: str) -> list[str]:
     problem = vllm_metadata_problem()
     if problem:
         raise RuntimeError(problem)
-    return [vllm_executable(), "serve", "--config", str(config), *extra]
+    return [*vllm_cli(), "serve", "--config", str(config), *extra]
 
 
 def parse_serve_args(argv: list[str]) -> dict:

@@ -293,9 +293,9 @@ class Deployment:
 
     def server_argv(self, port: int) -> list[str]:
         from .assemble import cli_args
-        from .serve import vllm_executable
+        from .serve import vllm_cli
 
-        argv = [vllm_executable(), "serve", *cli_args(self.replica_kwargs())]
+        argv = [*vllm_cli(), "serve", *cli_args(self.replica_kwargs())]
         for k in SERVER_FLAGS:
             if k in self.point.serve:
                 argv += ["--" + k.replace("_", "-"), str(self.point.serve[k])]
