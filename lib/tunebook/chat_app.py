@@ -14,6 +14,7 @@ import logging
 import chainlit as cl
 import httpx
 from chainlit.context import context
+from chainlit.session import WebsocketSession
 
 from tunebook import chat
 
@@ -22,6 +23,8 @@ log = logging.getLogger("tunebook.chat")
 _client: httpx.AsyncClient | None = None
 _model: str | None = CFG.model
 TITLE = "vLLM server"
+_gone: dict[str, str] = {}  # session id -> the socket id it had when the page went away
+_tasks: set[asyncio.Task] = set()
 
 
 def client() -> httpx.AsyncClient:
@@ -50,10 +53,19 @@ async def starters(user=None, language=None):
 
 
 async def _refresh(panel: cl.CustomElement) -> None:
-    """Update the side panel every refresh_s seconds until the session ends."""
+    """Update the side panel every refresh_s seconds while the page is connected, until Chainlit
+    drops the session (a new chat, or session_timeout after the page went away).
+
+    A page that reconnects (a laptop waking up) gets its session back under a new socket id and
+    no new on_chat_start, so a disconnect pauses the loop rather than ending it.
+    """
+    session = context.session
     monitor = chat.Monitor(CFG, client())
     n = 0
-    while True:
+    while WebsocketSession.get_by_id(session.id) is not None:
+        if _gone.get(session.id) == session.socket_id:
+            await asyncio.sleep(CFG.refresh_s)
+            continue
         try:
             panel.props = await monitor.poll()
         except Exception as e:  # noqa: BLE001 - the panel says so and keeps trying
@@ -64,11 +76,15 @@ async def _refresh(panel: cl.CustomElement) -> None:
         # ElementSidebar.set_elements, which persists a new file for it every time) keeps a
         # long session from piling up files.
         # The title goes again too: the page drops the sidebar's state when it (re)connects.
-        await context.emitter.emit("set_sidebar_title", TITLE)
-        await context.emitter.emit(
-            "set_sidebar_elements", {"elements": [panel.to_dict()], "key": f"tunebook-{n}"}
-        )
+        try:
+            await context.emitter.emit("set_sidebar_title", TITLE)
+            await context.emitter.emit(
+                "set_sidebar_elements", {"elements": [panel.to_dict()], "key": f"tunebook-{n}"}
+            )
+        except Exception as e:  # noqa: BLE001 - a page gone mid-emit: the next round knows
+            log.debug("panel update not sent: %r", e)
         await asyncio.sleep(CFG.refresh_s)
+    _gone.pop(session.id, None)
 
 
 @cl.on_chat_start
@@ -79,14 +95,15 @@ async def on_chat_start():
     )
     await cl.ElementSidebar.set_title(TITLE)
     await cl.ElementSidebar.set_elements([panel], key="tunebook-0")
-    cl.user_session.set("refresh", asyncio.create_task(_refresh(panel)))
+    task = asyncio.create_task(_refresh(panel))
+    _tasks.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(_tasks.discard)
 
 
 @cl.on_chat_end
 async def on_chat_end():
-    task = cl.user_session.get("refresh")
-    if task is not None:
-        task.cancel()
+    # Called on every disconnect: pause the panel until the page comes back (see _refresh).
+    _gone[context.session.id] = context.session.socket_id
 
 
 @cl.on_message

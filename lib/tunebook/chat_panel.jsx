@@ -29,7 +29,7 @@ export default function ServerState() {
           ))}
         </tbody>
       </table>
-      <div className="text-muted-foreground" style={{ fontSize: "0.75em" }}>
+      <div className="tunebook-server-updated text-muted-foreground" style={{ fontSize: "0.75em" }}>
         updated {props.updated}
       </div>
     </div>
