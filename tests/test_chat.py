@@ -465,6 +465,77 @@ def test_monitor_says_when_an_endpoint_has_no_vllm_metrics(fake):
 
 
 # --------------------------------------------------------------------------- the command's checks
+class ChatCommand:
+    """``python -m tunebook.chat ...`` in its own session, its output in a file; remembers every
+    process it starts, to check afterwards that none is left."""
+
+    def __init__(self, args: list[str], log: Path):
+        self.log = log
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tunebook.chat", *args],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        self.seen: set[int] = set()
+
+    def output(self) -> str:
+        if not self._out.closed:
+            self._out.flush()
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            self.note_children()
+            if m := re.search(pattern, self.output()):
+                return m
+            assert self.proc.poll() is None, f"tunebook.chat exited:\n{self.output()}"
+            time.sleep(0.5)
+        raise TimeoutError(f"no {pattern!r} within {timeout_s:g} s:\n{self.output()}")
+
+    def note_children(self) -> None:
+        try:
+            self.seen |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+
+    def stop(self, timeout_s: float = 90) -> tuple[int | None, list[int]]:
+        """SIGTERM, as a service manager stops it; returns its exit code and what is left."""
+        self.note_children()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        end = time.monotonic() + 10
+        while (left := _alive(self.seen)) and time.monotonic() < end:
+            time.sleep(0.2)
+        for pid in left:  # never leave them running, but report them: the test fails
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._out.close()
+        return self.proc.returncode, left
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def test_main_checks_its_arguments(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         chat.main([])
@@ -477,6 +548,30 @@ def test_main_checks_its_arguments(tmp_path, capsys, monkeypatch):
     if importlib.util.find_spec("chainlit") is not None:
         assert chat.main([str(tmp_path), "--log-dir", str(tmp_path / "logs")]) == 2
         assert "no serve.yaml" in capsys.readouterr().err
+
+
+def test_a_running_deployment_is_reused_and_left_running(tmp_path, fake):
+    """Given a folder whose deployment already answers on serve.yaml's port, the command starts
+    no server, and on SIGTERM stops only the app it started."""
+    if importlib.util.find_spec("chainlit") is None:
+        pytest.skip(chat.INSTALL_HINT)
+    folder = tmp_path / "04_assemble_config"
+    folder.mkdir()
+    yml = f"model: /nowhere/fake\nserved-model-name: {FakeServer.MODEL}\nport: {fake.port}\n"
+    (folder / "serve.yaml").write_text(yml)
+    cmd = ChatCommand(
+        [str(folder), "--port", str(serve.free_port()), "--log-dir", str(tmp_path / "logs")],
+        tmp_path / "chat.out",
+    )
+    try:
+        cmd.wait_for(r"\[chat\] open http://", PAGE_S)
+    finally:
+        code, left = cmd.stop()
+    out = cmd.output()
+    assert f"using the server already running at http://127.0.0.1:{fake.port}" in out, out
+    assert "starting vllm serve" not in out and "server stopped" not in out, out
+    assert code == 0 and not left, (code, left, out)
+    assert chat._answers(f"http://127.0.0.1:{fake.port}/health")  # not ours to stop
 
 
 def test_the_panel_jsx_is_packaged():
@@ -566,77 +661,6 @@ def test_stream_against_vllm_errors_and_a_killed_server(tmp_path):
 
 
 # --------------------------------------------------------------------------- in the browser
-class ChatCommand:
-    """``python -m tunebook.chat ...`` in its own session, its output in a file; remembers every
-    process it starts, to check afterwards that none is left."""
-
-    def __init__(self, args: list[str], log: Path):
-        self.log = log
-        self._out = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunebook.chat", *args],
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-        self.seen: set[int] = set()
-
-    def output(self) -> str:
-        if not self._out.closed:
-            self._out.flush()
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            self.note_children()
-            if m := re.search(pattern, self.output()):
-                return m
-            assert self.proc.poll() is None, f"tunebook.chat exited:\n{self.output()}"
-            time.sleep(0.5)
-        raise TimeoutError(f"no {pattern!r} within {timeout_s:g} s:\n{self.output()}")
-
-    def note_children(self) -> None:
-        try:
-            self.seen |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            pass
-
-    def stop(self, timeout_s: float = 90) -> tuple[int | None, list[int]]:
-        """SIGTERM, as a service manager stops it; returns its exit code and what is left."""
-        self.note_children()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        end = time.monotonic() + 10
-        while (left := _alive(self.seen)) and time.monotonic() < end:
-            time.sleep(0.2)
-        for pid in left:  # never leave them running, but report them: the test fails
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._out.close()
-        return self.proc.returncode, left
-
-
-def _alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def _open_page(pw, url: str):
     browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     page = browser.new_page(viewport={"width": 1400, "height": 950})

@@ -850,7 +850,14 @@ def main(argv: list[str] | None = None) -> int:
             label=label,
         )
         prepare_app_root(root, cfg)
-        app = start_app(cfg, args.host, args.port, root, logs / "chat.log")
+        if not _port_free(args.host, args.port):
+            print(f"tunebook.chat: error: port {args.port} is taken (--port)", file=sys.stderr)
+            return 2
+        try:
+            app = start_app(cfg, args.host, args.port, root, logs / "chat.log")
+        except (RuntimeError, TimeoutError) as e:
+            print(f"tunebook.chat: error: {e}", file=sys.stderr)
+            return 1
         print(f"[chat] open http://{args.host}:{args.port}  (server {cfg.url}; logs {logs})")
         print("[chat] Ctrl-C stops the chat" + (" and the server it started" if server else ""))
         warned = False
