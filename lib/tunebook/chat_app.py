@@ -13,12 +13,16 @@ import logging
 
 import chainlit as cl
 import httpx
+from chainlit.config import config
 from chainlit.context import context
 from chainlit.session import WebsocketSession
 
 from tunebook import chat
 
 CFG = chat.ChatConfig.from_env()
+# Chainlit's default config offers file uploads; replies here read only the text, so no button.
+if config.features.spontaneous_file_upload is not None:
+    config.features.spontaneous_file_upload.enabled = False
 log = logging.getLogger("tunebook.chat")
 _client: httpx.AsyncClient | None = None
 _model: str | None = CFG.model
