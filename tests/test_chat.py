@@ -37,6 +37,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import ENGINE_ENV, ENGINE_SETTINGS
 
 from tunebook import assemble, chat, serve
 
@@ -53,9 +54,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
-MIB = 1024**2
-SETTINGS = {"enforce_eager": True, "kv_cache_memory_bytes": 8 * MIB, "max_model_len": 512}
-ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# The suite's CPU engine settings (max_model_len 512: the context the error tests overrun).
+SETTINGS, ENV = ENGINE_SETTINGS, ENGINE_ENV
 # Generous: on a shared two-core box `vllm serve` of the tiny model has taken 40-80 s to start.
 SERVER_START_S = 600
 PAGE_S = 90
@@ -716,9 +716,11 @@ def test_chat_with_the_assembled_deployment_in_a_browser(tmp_path):
 
     folder = _deployment(tmp_path / "runs" / "chat-test" / "04_assemble_config")
     port = serve.free_port()
+    # A free --server-port: on a shared machine another tiny-ernie server may answer on 8000,
+    # and the command would rightly use it instead of starting (and stopping) its own.
     cmd = ChatCommand(
         [str(folder), "--port", str(port), "--max-tokens", "48", "--refresh", "1"]
-        + ["--log-dir", str(tmp_path / "logs")],
+        + ["--server-port", str(serve.free_port()), "--log-dir", str(tmp_path / "logs")],
         tmp_path / "chat.out",
     )
     code, left = None, []
