@@ -1,7 +1,6 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -61,6 +60,7 @@ engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the
 server_env: dict = {}  # environment of every vllm serve process
 repeats: int = 1  # engine starts per configuration, interleaved A B C A B C
 isolate: bool = False  # the diagnosis engine in a child process
+diagnose: bool = True  # run the decode-step diagnosis (one in-process engine start)
 diagnosis_workload: dict = {"kind": "fixed", "num_requests": 32, "prompt_len": 64, "output_len": 64, "seed": 21}  # decode-heavy batch, all at once
 peak_tflops: float = 989.0  # device peak (dense bf16) for the floor; H200: 989
 hbm_tb_s: float = 4.8  # device memory bandwidth (TB/s) for the floor; H200: 4.8
@@ -118,9 +118,6 @@ if len(diag_ok):
         f"decode step {floor['step_ms']:.3g} ms at batch {batch}: the floor ({floor['bound']}-bound) is"
         f" {floor['floor_ms']:.3g} ms, {floor['of_floor_pct']:.1f}% of the step"
     )
-else:
-    floor = None
-    display(diag[["point_id", "error"]])
 
 # %% [markdown]
 # ## 2. Levers, served: capacity under the SLO

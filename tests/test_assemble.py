@@ -102,7 +102,7 @@ def test_discover_lists_sweeps_and_what_they_vary(tmp_path):
     )
     write_sweep(tmp_path, "03_prefill_scaling", "prompt_length", {"len=128": ({}, tput(5))})
     write_sweep(
-        tmp_path, "04_assemble_config", "validate-x", {"chosen": ({}, tput(1))}
+        tmp_path, "05_assemble_config", "validate-x", {"chosen": ({}, tput(1))}
     )  # own output: skipped
     (tmp_path / "claims").mkdir()
     (tmp_path / "claims" / "00_baseline.json").write_text("[]")
@@ -548,7 +548,7 @@ def test_write_config_files(tmp_path):
     # The cpu profile's measurement setting and one deployment choice.
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     files = assemble.write_config(
-        tmp_path / "04_assemble_config", choice, kwargs, env=env, served_model_name="tiny-ernie"
+        tmp_path / "05_assemble_config", choice, kwargs, env=env, served_model_name="tiny-ernie"
     )
     assert sorted(files) == ["choice.json", "llm_kwargs.py", "serve.sh", "serve.yaml"]
     sh = files["serve.sh"].read_text()

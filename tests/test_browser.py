@@ -1,7 +1,7 @@
 """The assembly explorer in a real browser: JupyterLab, headless Chromium, Playwright.
 
 What it checks: a notebook that shows ``tunebook.explorer.Explorer`` (as section 6 of
-04_assemble_config does) runs in JupyterLab, its widgets render, and typing into the p99 TTFT field in
+05_assemble_config does) runs in JupyterLab, its widgets render, and typing into the p99 TTFT field in
 the page (the field with class ``tunebook-slo-ttft``) changes the recommendation shown in the page (the front-end -> kernel -> front-end round
 trip of ipywidgets), not only the text of the SLO but the decision itself.
 

@@ -232,7 +232,7 @@ def test_config_travels_through_the_environment():
         max_tokens=64,
         temperature=0.0,
         refresh_s=0.5,
-        label="runs/x/04_assemble_config",
+        label="runs/x/05_assemble_config",
     )
     assert chat.ChatConfig.from_env(cfg.to_env()) == cfg
     assert chat.ChatConfig.from_env(chat.ChatConfig(url="http://a:1").to_env()).max_tokens is None
@@ -555,7 +555,7 @@ def test_a_running_deployment_is_reused_and_left_running(tmp_path, fake):
     no server, and on SIGTERM stops only the app it started."""
     if importlib.util.find_spec("chainlit") is None:
         pytest.skip(chat.INSTALL_HINT)
-    folder = tmp_path / "04_assemble_config"
+    folder = tmp_path / "05_assemble_config"
     folder.mkdir()
     yml = f"model: /nowhere/fake\nserved-model-name: {FakeServer.MODEL}\nport: {fake.port}\n"
     (folder / "serve.yaml").write_text(yml)
@@ -593,7 +593,7 @@ def _deployment(out: Path) -> Path:
 def test_stream_against_vllm_errors_and_a_killed_server(tmp_path):
     import httpx
 
-    config = _deployment(tmp_path / "04_assemble_config") / "serve.yaml"
+    config = _deployment(tmp_path / "05_assemble_config") / "serve.yaml"
     proc, root = chat.start_server(
         config, serve.free_port(), tmp_path / "serve.log", SERVER_START_S, out=lambda s: None
     )
@@ -714,7 +714,7 @@ def test_chat_with_the_assembled_deployment_in_a_browser(tmp_path):
     _browser_requirements()
     from playwright.sync_api import expect, sync_playwright
 
-    folder = _deployment(tmp_path / "runs" / "chat-test" / "04_assemble_config")
+    folder = _deployment(tmp_path / "runs" / "chat-test" / "05_assemble_config")
     port = serve.free_port()
     # A free --server-port: on a shared machine another tiny-ernie server may answer on 8000,
     # and the command would rightly use it instead of starting (and stopping) its own.

@@ -96,8 +96,8 @@ def test_goldens_run_the_notebooks_sources(golden: Path):
     )
 
 
-def test_there_are_five_notebooks():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04"]
+def test_there_are_six_notebooks():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05"]
 
 
 @pytest.mark.parametrize("profile", ["cpu", "h200", "gpu", "rtx4090"])

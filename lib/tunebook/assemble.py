@@ -1,6 +1,6 @@
 """Assemble a serving configuration from saved sweep results, with the evidence for each setting.
 
-Pure Python (pandas, no vllm): notebook 04 and its explorer call this on a run folder that
+Pure Python (pandas, no vllm): notebook 05 and its explorer call this on a run folder that
 notebooks 00-03 filled; no engine starts here.
 
     sweeps = discover(run_dir)                          # every <notebook>/<sweep>/ of the run
@@ -350,7 +350,7 @@ def load_sweep_dir(path: Path, notebook: str | None = None) -> Sweep | None:
 
 
 def discover(
-    run_dir: str | Path, exclude: tuple[str, ...] = ("04_assemble_config",)
+    run_dir: str | Path, exclude: tuple[str, ...] = ("05_assemble_config",)
 ) -> list[Sweep]:
     """Every sweep of a run: ``<run_dir>/<NN_notebook>/<sweep>/`` with point JSONs or a summary.csv."""
     run_dir = Path(run_dir)
@@ -1065,7 +1065,7 @@ def yaml_config(kwargs: dict, served_model_name: str | None = None) -> dict:
 
 def _header(choice: dict, comment: str = "#") -> str:
     lines = [
-        f"Assembled by tunebook 04_assemble_config for scenario {choice.get('scenario')}",
+        f"Assembled by tunebook 05_assemble_config for scenario {choice.get('scenario')}",
         f"objective: {choice.get('objective')}",
     ]
     if choice.get("slo"):

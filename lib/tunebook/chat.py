@@ -1,7 +1,7 @@
 """Chat with a deployment: a Chainlit front end over vLLM's OpenAI-compatible API, with the
 server's own live state (its Prometheus ``/metrics``) in a side panel.
 
-    python -m tunebook.chat runs/<run-id>/04_assemble_config/      # start the deployment, then chat
+    python -m tunebook.chat runs/<run-id>/05_assemble_config/      # start the deployment, then chat
     python -m tunebook.chat --url http://host:8000/v1               # a running server or router
 
 With an assembled folder (or its serve.yaml) it reuses a server of that deployment already
@@ -649,7 +649,7 @@ def _deployment_yaml(path: str | Path) -> Path:
     if p.is_dir():
         p = p / "serve.yaml"
     if not p.is_file():
-        raise FileNotFoundError(f"no serve.yaml at {path} (expected runs/<id>/04_assemble_config/)")
+        raise FileNotFoundError(f"no serve.yaml at {path} (expected runs/<id>/05_assemble_config/)")
     return p.resolve()
 
 
@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "deployment",
         nargs="?",
-        help="assembled folder (runs/<id>/04_assemble_config/) or its serve.yaml",
+        help="assembled folder (runs/<id>/05_assemble_config/) or its serve.yaml",
     )
     ap.add_argument("--url", help="a running server or router instead, e.g. http://host:8000/v1")
     ap.add_argument(

@@ -1,6 +1,6 @@
-"""The article's presets judged (notebook 04): C11 per scenario, C13 per card.
+"""The article's presets judged (notebook 05): C11 per scenario, C13 per card.
 
-C11 rests on 04's side-by-side validation (``assemble.validation_table`` frames: one row per
+C11 rests on 05's side-by-side validation (``assemble.validation_table`` frames: one row per
 metric and configuration, ratios to vLLM's default); C13 on the model's arithmetic.
 """
 
@@ -90,7 +90,7 @@ def c11_verdict(
     repeats: int,
     had_sweeps: bool,
 ) -> dict:
-    """C11 (scenario presets) from 04's choice and validation.
+    """C11 (scenario presets) from 05's choice and validation.
 
     ``validation`` is validation_table() of the main scenario, ``others`` those of the other
     scenarios (each with a "scenario" column). partly when the run had sweeps to choose from
@@ -140,7 +140,7 @@ def c13_verdict(
             for r in at.to_dict("records")
         )
         + " (gmu 0.9, upper bound)",
-        "04_assemble_config (arithmetic on the model config)",
+        "05_assemble_config (arithmetic on the model config)",
         note=(
             f"{claim_model} weighs {shape.weight_bytes() / GIB:.2f} GiB: on any card of 8 GiB or"
             " more the memory split is almost all KV cache, so per-card presets differ in KV"

@@ -23,7 +23,8 @@ NOTEBOOKS = (
     "01_kv_cache_sizing",
     "02_block_size_sweep",
     "03_prefill_scaling",
-    "04_assemble_config",
+    "04_engine_overhead",
+    "05_assemble_config",
 )
 META_KEYS = {"description", "run_here"}  # profile-level documentation, not notebook parameters
 

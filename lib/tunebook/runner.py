@@ -162,8 +162,8 @@ def write_report(run_dir: str | Path) -> Path:
         state = json.loads((run_dir / "run.json").read_text())
     extra = ""
     for name in ("serve.yaml", "serve.sh", "llm_kwargs.py"):
-        if (run_dir / "04_assemble_config" / name).is_file():
-            extra += f'<li><a href="../04_assemble_config/{name}">{name}</a></li>'
+        if (run_dir / "05_assemble_config" / name).is_file():
+            extra += f'<li><a href="../05_assemble_config/{name}">{name}</a></li>'
     index = run_dir / "report" / "index.html"
     index.parent.mkdir(exist_ok=True)
     index.write_text(

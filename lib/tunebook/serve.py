@@ -1,7 +1,7 @@
 """Serve an assembled configuration with ``vllm serve`` and check it over plain HTTP.
 
-    python -m tunebook.serve runs/<run-id>/04_assemble_config/serve.yaml           # serve (Ctrl-C stops)
-    python -m tunebook.serve runs/<run-id>/04_assemble_config/serve.yaml --check   # start, ask, stop
+    python -m tunebook.serve runs/<run-id>/05_assemble_config/serve.yaml           # serve (Ctrl-C stops)
+    python -m tunebook.serve runs/<run-id>/05_assemble_config/serve.yaml --check   # start, ask, stop
 
 ``--check`` starts ``vllm serve --config serve.yaml`` on a free port, waits for ``/health``, sends a
 few OpenAI-compatible requests (``/v1/models``, ``/v1/completions``, a streamed completion,
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m tunebook.serve", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("config", help="serve.yaml written by 04_assemble_config")
+    ap.add_argument("config", help="serve.yaml written by 05_assemble_config")
     ap.add_argument(
         "--check",
         action="store_true",

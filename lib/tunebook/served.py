@@ -282,10 +282,20 @@ class Deployment:
 
     # -- commands
     def replica_kwargs(self) -> dict:
-        """EngineArgs of one replica: its share of the card when the KV size is not fixed."""
+        """EngineArgs of one replica, as the assembled serve files spell them.
+
+        Several replicas on one device each get 1/N of gpu_memory_utilization: vLLM checks at
+        start that that much is free (also when ``kv_cache_memory_bytes`` fixes the KV size), so
+        N replicas asking for vLLM's 0.9 each could not start together.
+        """
+        from .assemble import DEFAULT_DROPS
+
         kw = dict(self.kwargs)
         kw.pop("disable_log_stats", None)  # the server logs stats by default; /metrics needs them
-        if self.replicas > 1 and "kv_cache_memory_bytes" not in kw:
+        for k, v in DEFAULT_DROPS.items():
+            if kw.get(k) == v and k not in self.point.settings:
+                kw.pop(k)
+        if self.replicas > 1:
             kw["gpu_memory_utilization"] = round(
                 kw.get("gpu_memory_utilization", 0.9) / self.replicas, 4
             )

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · Assemble a configuration from the evidence
+# # 05 · Assemble a configuration from the evidence
 #
 # **Question.** Which vLLM settings should a deployment use for a given scenario (high-concurrency
 # chat, long documents, low latency, high throughput; the article's presets, C11), under a stated
@@ -104,7 +104,7 @@ if unknown:
 if validation_mode not in ("offline", "online"):
     raise ValueError(f"validation_mode must be 'offline' or 'online', got {validation_mode!r}")
 slo = {"ttft_ms": float(slo_ttft_ms), "tpot_ms": float(slo_tpot_ms)}
-out_dir = Path(run_dir) / "04_assemble_config"
+out_dir = Path(run_dir) / "05_assemble_config"
 out_dir.mkdir(parents=True, exist_ok=True)
 os.environ.update({k: str(v) for k, v in engine_env.items()})
 platform, vllm_version = engine.platform_name(), engine.vllm_version()
@@ -161,8 +161,8 @@ for i, d in enumerate(choice["decisions"], 1):
     if fig is None:
         print(f"{d['setting']}: {d['status']} ({d['reason']})")
         continue
-    fig.update_layout(title=f"Figure 4.{i}. {d['figure']} ({d['status']})")
-    d["figure"] = f"Figure 4.{i} of 04_assemble_config: {d['figure']}"
+    fig.update_layout(title=f"Figure 5.{i}. {d['figure']} ({d['status']})")
+    d["figure"] = f"Figure 5.{i} of 05_assemble_config: {d['figure']}"
     fig.show()
 
 # %% [markdown]
@@ -275,7 +275,7 @@ def run_validation(name: str, configs: dict, workload: dict) -> pd.DataFrame:
         )
         return val
     wb = tunebook.workbook.Workbook(
-        run_dir, "04_assemble_config", model, engine_settings, engine_env, isolate=isolate
+        run_dir, "05_assemble_config", model, engine_settings, engine_env, isolate=isolate
     )
     t0 = time.perf_counter()
     val = wb.sweep(
@@ -301,7 +301,7 @@ if len(val) and (val["status"] == "ok").any():
     fig = ratio_bars(
         validation,
         reference="default",
-        title=f"Figure 4.V. {sc.name}: chosen and article relative to vLLM's default (median, min-max)",
+        title=f"Figure 5.V. {sc.name}: chosen and article relative to vLLM's default (median, min-max)",
     )
     fig.show()
     if not choice["changed"]:
@@ -341,7 +341,7 @@ for i, (name, overrides) in enumerate(also_validate.items(), 1):
     ratio_bars(
         other_validation.drop(columns="scenario"),
         reference="default",
-        title=f"Figure 4.V{i}. {name}: relative to vLLM's default (median, min-max)",
+        title=f"Figure 5.V{i}. {name}: relative to vLLM's default (median, min-max)",
     ).show()
 if others:
     display(pd.concat(others, ignore_index=True).round(3))
@@ -369,7 +369,7 @@ v_c11 = presets.c11_verdict(
     choice,
     validation,
     others,
-    evidence=f"04_assemble_config/{sweep_name}; choice.json",
+    evidence=f"05_assemble_config/{sweep_name}; choice.json",
     repeats=repeats,
     had_sweeps=bool(sweeps),
 )
@@ -382,7 +382,7 @@ print(claims.describe(v_c13))
 
 # %%
 verdicts = [v_c11, v_c13]
-claims.write(run_dir, "04_assemble_config", verdicts)
+claims.write(run_dir, "05_assemble_config", verdicts)
 ledger = claims.read_all(run_dir)
 display(claims.table(ledger))
 
@@ -396,7 +396,7 @@ display(claims.table(ledger))
 # %%
 extra = [
     s
-    for s in [assemble.load_sweep_dir(out_dir / sweep_name, "04_assemble_config")]
+    for s in [assemble.load_sweep_dir(out_dir / sweep_name, "05_assemble_config")]
     if s is not None
 ]
 explorer = Explorer(
