@@ -259,3 +259,20 @@ def test_unknown_executor_is_a_config_error(fake, base_point, run_dir):
     fake()
     with pytest.raises(ConfigError, match="executor"):
         run_sweep(_points(base_point), run_dir, progress=False, executor="slurm")
+
+
+def test_compacted_points_read_back_whole(tmp_path):
+    """compact_point moves per-request records into a gzipped sidecar; every reader sees them."""
+    from tunebook.assemble import load_sweep_dir
+    from tunebook.results import SIDECAR, compact_point, load_point
+
+    sd = SweepDir(tmp_path / "sw")
+    reqs = [{"ttft_ms": 1.5 + i, "output_tokens": 3} for i in range(50)]
+    sd.write("a-r0", {"point_id": "a-r0", "config": "a", "status": "ok", "requests": reqs})
+    f = sd.path("a-r0")
+    whole = load_point(f)
+    assert compact_point(f) > 0 and compact_point(f) == 0  # idempotent
+    assert "requests" not in json.loads(f.read_text())
+    assert (f.parent / f"a-r0{SIDECAR}").is_file()
+    assert load_point(f) == whole == sd.read("a-r0") == sd.points()[0]
+    assert load_sweep_dir(sd.root).points[0]["requests"] == reqs

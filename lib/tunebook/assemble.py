@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .baseline import ARTICLE_AS_WRITTEN
 from .metrics import compare, meets_slo, spread
+from .results import load_point
 
 # --------------------------------------------------------------------------- scenarios
 
@@ -312,7 +313,7 @@ def load_sweep_dir(path: Path, notebook: str | None = None) -> Sweep | None:
     sw = Sweep(notebook or path.parent.name, path.name, path)
     for f in sorted(path.glob("*.json")):
         try:
-            p = json.loads(f.read_text())
+            p = load_point(f)
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(p, dict) and "point_id" in p:

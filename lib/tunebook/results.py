@@ -99,6 +99,45 @@ def dumps_point(result: dict) -> str:
     return head + sep + ",\n".join(parts) + "\n}\n"
 
 
+# Committed evidence keeps its per-request records beside the point file, gzipped: a GPU run's
+# points are mostly these records, and the files of a repository travel (to a GPU node, in a clone).
+SIDECAR = ".requests.jsonl.gz"
+
+
+def load_point(path: Path) -> dict:
+    """A point file, with its per-request records from a ``<point>.requests.jsonl.gz`` sidecar when
+    ``compact_point`` moved them there. Raises json.JSONDecodeError for a broken file."""
+    import gzip
+
+    path = Path(path)
+    point = json.loads(path.read_text())
+    side = path.with_name(path.stem + SIDECAR)
+    if isinstance(point, dict) and "requests" not in point and side.is_file():
+        with gzip.open(side, "rt") as f:
+            point["requests"] = [json.loads(line) for line in f if line.strip()]
+    return point
+
+
+def compact_point(path: Path) -> int:
+    """Move a point file's per-request records into its gzipped sidecar; return bytes saved."""
+    import gzip
+
+    path = Path(path)
+    point = json.loads(path.read_text())
+    reqs = point.pop("requests", None) if isinstance(point, dict) else None
+    if not reqs:
+        return 0
+    before = path.stat().st_size
+    side = path.with_name(path.stem + SIDECAR)
+    lines = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in reqs)
+    tmp = side.with_name(side.name + ".tmp")
+    with gzip.GzipFile(tmp, "wb", compresslevel=9, mtime=0) as f:  # mtime 0: reproducible bytes
+        f.write(lines.encode())
+    os.replace(tmp, side)
+    atomic_write_text(path, dumps_point(point))
+    return before - path.stat().st_size - side.stat().st_size
+
+
 class SweepDir:
     """One sweep's folder inside a run: point files, resume, and the summary CSV."""
 
@@ -119,7 +158,7 @@ class SweepDir:
         if not p.is_file():
             return None
         try:
-            return json.loads(p.read_text())
+            return load_point(p)
         except json.JSONDecodeError:
             return None  # cannot happen with atomic writes, but a hand-edited file may be broken
 
@@ -131,7 +170,7 @@ class SweepDir:
         out = []
         for p in sorted(self.root.glob("*.json")):
             try:
-                out.append(json.loads(p.read_text()))
+                out.append(load_point(p))
             except json.JSONDecodeError:
                 continue
         return out
