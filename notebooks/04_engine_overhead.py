@@ -98,14 +98,21 @@ print("configurations:", ", ".join(configs))
 # ## 1. Diagnosis: the decode step against its floor
 
 # %%
-diag = wb.sweep(
-    "diagnosis",
-    {"default": {}},
-    {**diagnosis_workload, "name": "decode"},
-    repeats=1,
-    mode="offline",
-)
-diag_ok = diag[diag["status"] == "ok"]
+floor = None  # the diagnosis, when run
+diag_ok = []
+if diagnose:
+    diag = wb.sweep(
+        "diagnosis",
+        {"default": {}},
+        {**diagnosis_workload, "name": "decode"},
+        repeats=1,
+        mode="offline",
+    )
+    diag_ok = diag[diag["status"] == "ok"]
+    if not len(diag_ok):
+        display(diag[["point_id", "error"]])
+else:
+    print("diagnosis skipped (diagnose: false)")
 if len(diag_ok):
     row = diag_ok.iloc[0]
     batch = diagnosis_workload["num_requests"]
