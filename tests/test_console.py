@@ -115,6 +115,8 @@ def test_progress_text_counts_points_and_estimates_the_sweep():
     # b: 1 done before this call (resume) + 1 now; 2 left at the mean point time (4 s)
     assert text == "02_x: b point 2/4 (3 points done), 1:15 elapsed, sweep ETA 0:08"
     assert console.progress_text("02_x", [], 5) == "02_x: starting, 0:05 elapsed"
+    # between points the ETA counts down from the last finished point
+    assert console.progress_text("02_x", events, 78, now=8.0).endswith("sweep ETA 0:05")
 
 
 def test_progress_line_follows_the_file(tmp_path):

@@ -333,8 +333,14 @@ def read_progress(path: str | Path, since: float = 0.0) -> list[dict]:
     return out
 
 
-def progress_text(notebook: str, events: list[dict], elapsed_s: float) -> str:
-    """``00_baseline: baseline_long point 3/4 (11 points done), 1:20 elapsed, sweep ETA 0:08``."""
+def progress_text(
+    notebook: str, events: list[dict], elapsed_s: float, now: float | None = None
+) -> str:
+    """``00_baseline: baseline_long point 3/4 (11 points done), 1:20 elapsed, sweep ETA 0:08``.
+
+    The ETA is the sweep's points left at the mean time of the points finished so far, less the
+    time the running point has had already (``now``, epoch seconds: counts down between points).
+    """
     sweeps: dict[str, dict] = {}
     current = None
     done = 0
@@ -359,7 +365,10 @@ def progress_text(notebook: str, events: list[dict], elapsed_s: float) -> str:
     text += f"{_clock(elapsed_s)} elapsed"
     left = sw["total"] - sw["done"]
     if left > 0 and walls:
-        text += f", sweep ETA {_clock(left * sum(walls) / len(walls))}"
+        eta = left * sum(walls) / len(walls)
+        if now is not None and events:
+            eta = max(eta - (now - events[-1].get("t", now)), 0.0)
+        text += f", sweep ETA {_clock(eta)}"
     return text
 
 
@@ -390,7 +399,8 @@ class ProgressLine:
         events = read_progress(self.path, since=self.t0)
         changed = len(events) != self._n_events
         self._n_events = len(events)
-        text = "[tunebook] " + progress_text(self.notebook, events, time.time() - self.t0)
+        now = time.time()
+        text = "[tunebook] " + progress_text(self.notebook, events, now - self.t0, now)
         if self.tty:
             self.stream.write("\r\x1b[K" + text)
             self.stream.flush()
