@@ -30,6 +30,8 @@ def test_engine_log_takes_vllm_records_warnings_and_c_level_output(tmp_path):
         logging.getLogger("vllm.core").info("Resolved architecture: Ernie4_5ForCausalLM")
         logging.getLogger("vllm.core").error("EngineCore failed to start")
         warnings.warn("torch.distributed.reduce_op is deprecated", FutureWarning, stacklevel=1)
+        # vLLM's handler, configured again at each engine start, writes to descriptor 1 (the file)
+        assert os.environ[console.VLLM_STREAM_ENV] == "ext://sys.__stdout__"
     finally:
         console.release_engine_log()
     text = path.read_text()
@@ -50,6 +52,7 @@ def test_engine_log_takes_vllm_records_warnings_and_c_level_output(tmp_path):
     os.write(2, b"after release\n")
     logging.getLogger("vllm.core").warning("after release")
     assert "after release" not in path.read_text()
+    assert console.VLLM_STREAM_ENV not in os.environ
 
 
 def test_summary_of_a_missing_log():

@@ -199,3 +199,7 @@ def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypa
     )
     assert "GPU time of 00_baseline over 2 calls" in printed
     assert "engine log:" in printed
+    # vLLM's own lines went to the engine log, not into the cells
+    assert "(MainProcess" not in printed and "The global random seed" not in printed
+    log = (run_dir / "00_baseline" / "logs" / "engine.log").read_text()
+    assert "The global random seed" in log

@@ -6,7 +6,7 @@ Three pieces:
 - ``EngineLog`` (in a notebook's kernel): vLLM's and torch's log records, Python warnings, and
   whatever C++ code writes to the process's stdout/stderr go to ``<run>/<notebook>/logs/
   engine.log``; the notebook's own prints and displays still reach its cells. Engine processes
-  forked from the kernel inherit both. ``summary()`` says in a few lines what the file holds.
+  started from the kernel inherit the file descriptors and vLLM's stream setting. ``summary()`` says in a few lines what the file holds.
 - ``StderrFilter`` (in the runner): the terminal's stderr passes through a filter that drops
   the warnings listed in ``HARMLESS`` and counts them in the run's log.
 - ``ProgressLine`` (in the runner): follows the progress file that ``Workbook.sweep`` appends to
@@ -63,6 +63,7 @@ def harmless(line: str) -> str | None:
 
 # --------------------------------------------------------------------------- in the kernel
 _LOGGERS = ("vllm", "torch", "py.warnings")
+VLLM_STREAM_ENV = "VLLM_LOGGING_STREAM"
 
 
 class EngineLog:
@@ -77,10 +78,10 @@ class EngineLog:
         self._saved_fds: dict[int, int] = {}
         self._handler: logging.Handler | None = None
         self._removed: list[tuple[logging.Logger, logging.Handler]] = []
-        self._levels: dict[str, int] = {}
+        self._stream_env: str | None = None
         self._file = None
 
-    def start(self, import_vllm: bool = True) -> EngineLog:
+    def start(self) -> EngineLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1, errors="replace")  # noqa: SIM115
         for fd in (1, 2):
@@ -90,15 +91,20 @@ class EngineLog:
                 pass
             self._saved_fds[fd] = os.dup(fd)
             os.dup2(self._file.fileno(), fd)
-        if import_vllm:
-            # vLLM configures its logger when first imported (and torch its own): import them
-            # now, with Python-level output sent here too, so that the handlers replaced below
-            # are the final ones.
-            with contextlib.redirect_stdout(self._file), contextlib.redirect_stderr(self._file):
-                try:
-                    import vllm.logger  # noqa: F401
-                except ImportError:
-                    pass
+        # vLLM configures its log handler again at every engine start, on the stream this
+        # variable names (read each time). sys.__stdout__ is file descriptor 1, now the file; an
+        # engine child inherits the setting and writes to its own stdout (its log file).
+        self._stream_env = os.environ.get(VLLM_STREAM_ENV)
+        if self._stream_env is None:
+            os.environ[VLLM_STREAM_ENV] = "ext://sys.__stdout__"
+        # torch sets its log handler (to sys.stderr, a notebook's cell) when first imported:
+        # import it now, its import-time output sent here, so that the handler replaced below
+        # is its last one.
+        with contextlib.redirect_stdout(self._file), contextlib.redirect_stderr(self._file):
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                pass
         handler = logging.StreamHandler(self._file)
         handler.setFormatter(
             logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%H:%M:%S")
@@ -112,23 +118,18 @@ class EngineLog:
                     self._removed.append((lg, h))
             lg.addHandler(handler)
             lg.propagate = False
-            self._levels[name] = lg.level
-        # The file keeps vLLM's INFO lines (KV size, backend), as an isolated engine's log does.
-        vlog = logging.getLogger("vllm")
-        if vlog.level == logging.NOTSET or vlog.level > logging.INFO:
-            vlog.setLevel(logging.INFO)
         logging.captureWarnings(True)
         return self
 
     def stop(self) -> None:
         """Give stdout, stderr and the loggers back (tests; a notebook keeps its log to the end)."""
         logging.captureWarnings(False)
+        if self._stream_env is None:
+            os.environ.pop(VLLM_STREAM_ENV, None)
         for name in _LOGGERS:
             lg = logging.getLogger(name)
             if self._handler is not None:
                 lg.removeHandler(self._handler)
-            if name in self._levels:
-                lg.setLevel(self._levels[name])
         for lg, h in self._removed:
             lg.addHandler(h)
         self._removed.clear()
