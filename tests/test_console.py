@@ -22,6 +22,9 @@ NUMA = (
 
 def test_engine_log_takes_vllm_records_warnings_and_c_level_output(tmp_path):
     path = tmp_path / "nb" / "logs" / "engine.log"
+    vlog = logging.getLogger("vllm")
+    level = vlog.level
+    vlog.setLevel(logging.INFO)  # as vLLM sets it at its default level
     log = console.capture_engine_log(path)
     try:
         os.write(2, (NUMA + "\n").encode())  # what C++ code writes, below Python
@@ -34,6 +37,7 @@ def test_engine_log_takes_vllm_records_warnings_and_c_level_output(tmp_path):
         assert os.environ[console.VLLM_STREAM_ENV] == "ext://sys.__stdout__"
     finally:
         console.release_engine_log()
+        vlog.setLevel(level)
     text = path.read_text()
     for s in (
         "NUMA binding",
