@@ -317,8 +317,11 @@ def test_a_failing_notebook_is_one_line_and_its_calls_accumulate(tmp_path, monke
         NotebookFailed,
         match=r"00_baseline stopped in cell \[\d+\]: ValueError: first call fails \(see .*00_baseline\.ipynb\)",
     ):
-        run_workbook(str(prof), "r", ["00"], runs_dir=runs, report=False, log=lines.append)
+        run_workbook(str(prof), "r", ["00"], runs_dir=runs, log=lines.append)
     assert any("FAILED" in ln for ln in lines) and not any("Traceback" in ln for ln in lines)
+    # the report of what did run is written all the same, and says which notebook stopped
+    page = (runs / "r" / "report" / "index.html").read_text()
+    assert "failed" in page and "first call fails" in page
     run_workbook(str(prof), "r", ["00"], runs_dir=runs, resume=True, report=False, log=lines.append)
     entry = json.loads((runs / "r" / "run.json").read_text())["notebooks"]["00_baseline"]
     assert [c["status"] for c in entry["calls"]] == ["failed", "ok"]

@@ -74,7 +74,7 @@ def select_notebooks(only: list[str] | None) -> list[str]:
     return chosen
 
 
-def preflight(prof: dict, names: list[str], log=print) -> dict[str, dict]:
+def preflight(prof: dict, names: list[str]) -> dict[str, dict]:
     """Every notebook's parameters checked before anything runs: names, types, then values.
 
     Names and types first, for all notebooks (instant); then the values, which for engine settings
@@ -114,7 +114,8 @@ def run_workbook(
     profile = profile or detect_profile()
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
-    plan = preflight(prof, names, log)
+    plan = preflight(prof, names)
+    log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
     run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
     run_dir = claim_run_dir(runs_dir, run_id, resume)
     state_path = run_dir / "run.json"
@@ -123,16 +124,24 @@ def run_workbook(
     state.setdefault("notebooks", {})
     with open(run_dir / RUN_LOG, "a") as run_log:
         tee = _tee(log, run_log)
-        with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
-            _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log)
+        try:
+            with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
+                _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log)
+        except NotebookFailed:
+            if report:  # what did run is worth reading: the report says which notebook stopped
+                _report(run_dir, tee)
+            raise
         if report:
-            try:
-                path = write_report(run_dir)
-                tee(f"[tunebook] report: {path}")
-            except ImportError as e:
-                # nbconvert is absent on some GPU nodes; the notebooks are the record
-                tee(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
+            _report(run_dir, tee)
     return run_dir
+
+
+def _report(run_dir: Path, log) -> None:
+    try:
+        log(f"[tunebook] report: {write_report(run_dir)}")
+    except ImportError as e:
+        # nbconvert is absent on some GPU nodes; the notebooks are the record
+        log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
 
 
 RUN_LOG = "run.log"
