@@ -91,8 +91,8 @@ def find_choices(run_dir: Path) -> list[tuple[Path, dict]]:
 def validation_sweeps(folder: Path) -> list[tuple[str, Path]]:
     """Side-by-side sweeps beside a choice: point folders whose configs include 'default'.
 
-    Returned as (scenario, folder); the scenario is read from the points' workload name when the
-    folder name does not hold one.
+    Returned as (scenario, folder); the scenario is the longest scenario name in the folder's
+    name (the assembly notebook names them validate-<scenario>-<hash>), else the folder's name.
     """
     from .assemble import SCENARIOS
 
@@ -148,7 +148,7 @@ CONFIG_ORDER = ("default", "chosen", "article")  # the validation's reading orde
 
 
 def notebook_figures(nb_path: Path) -> list[dict]:
-    """The plotly figures a executed notebook shows, in order (as plotly JSON)."""
+    """The plotly figures an executed notebook shows, in order (as plotly JSON)."""
     try:
         nb = json.loads(Path(nb_path).read_text())
     except (json.JSONDecodeError, OSError):
@@ -160,12 +160,6 @@ def notebook_figures(nb_path: Path) -> list[dict]:
             if isinstance(fig, dict):
                 out.append(fig)
     return out
-
-
-def figure_title(fig) -> str:
-    d = fig if isinstance(fig, dict) else fig.to_dict()
-    t = (d.get("layout") or {}).get("title")
-    return (t.get("text") if isinstance(t, dict) else t) or ""
 
 
 def key_figures(run_dir: Path) -> list[tuple[str, object]]:
