@@ -69,6 +69,12 @@ def test_classify_reads_vllm_glog_and_python_forms():
         == "warning"
     )
     assert console.classify(NUMA) == "warning"
+    coloured = "\x1b[0;36m(MainProcess pid=1)\x1b[0;0m \x1b[33mWARNING\x1b[0m \x1b[90m12-03 13:17:03\x1b[0m"
+    assert console.classify(coloured + " w") == "warning"
+    assert (
+        console._gist(coloured + " \x1b[90m[arg_utils.py:1945]\x1b[0m The seed is 0.")
+        == "The seed is N."
+    )
     assert console.classify("E1203 12:00:00.1 x.cc:1] bad") == "error"
     assert console.classify("INFO 12:00:00 [vllm] fine") == "info"
     assert console.classify("plain text") == "other"

@@ -45,7 +45,14 @@ HARMLESS: dict[str, tuple[str, str]] = {
     "tcmalloc": (r"libtcmalloc is not found|libiomp is not found", "optional CPU allocators"),
     "unknown-env": (r"Unknown vLLM environment variable", "a tunebook variable vLLM does not know"),
     "reduce-op": (r"torch\.distributed\.reduce_op", "a deprecation inside vLLM"),
-    "triton": (r"Triton not available", "no Triton on CPU"),
+    "triton": (
+        r"Triton not available|Triton is not installed|Model Runner V2 requires Triton",
+        "no Triton on CPU",
+    ),
+    "eager": (
+        r"Enforce eager set|Inductor compilation was disabled",
+        "the profile asks for eager mode (no compilation: seconds-long engine starts)",
+    ),
 }
 _HARMLESS_RE = {k: re.compile(p) for k, (p, _) in HARMLESS.items()}
 # Continuation lines of a Python warning ("  if hasattr(value, ...)"): hidden with the warning.
@@ -183,7 +190,7 @@ _LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\[?([WEF])\d{4} |
 
 def classify(line: str) -> str:
     """'error', 'warning', 'info' or 'other' for one log line (vLLM, glog and Python forms)."""
-    m = _LEVEL.search(line)
+    m = _LEVEL.search(_ANSI.sub("", line))  # vLLM colours its level names
     if not m:
         return "other"
     word = m.group(1) or m.group(2) or m.group(0)
@@ -198,8 +205,8 @@ def _gist(line: str) -> str:
     """A log line without its level, time, source and numbers: what repeats across lines."""
     text = _ANSI.sub("", line)
     text = re.sub(r"^.*?(WARNING|ERROR|INFO|Warning:)\s*", "", text)
-    text = re.sub(r"^\S*\d\d:\d\d:\d\d\S*\s*", "", text)
-    text = re.sub(r"^\[[^\]]+\]\s*", "", text)
+    text = re.sub(r"^(\d\d-\d\d\s+)?\S*\d\d:\d\d:\d\d\S*\s*", "", text)  # date, time
+    text = re.sub(r"^\[[^\]]+\]\s*", "", text)  # [file.py:123] or [logger]
     return re.sub(r"\d+", "N", text).strip()[:100]
 
 
