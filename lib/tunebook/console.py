@@ -221,15 +221,19 @@ def summarize_log(path: str | Path, top: int = 3) -> str:
         return f"engine log: none written ({path})"
     lines = path.read_text(errors="replace").splitlines()
     kinds = Counter(classify(ln) for ln in lines)
-    warns = Counter(_gist(ln) for ln in lines if classify(ln) == "warning")
+    warnings = [ln for ln in lines if classify(ln) == "warning"]
+    known = Counter(_gist(ln) for ln in warnings if harmless(ln))
+    other = Counter(_gist(ln) for ln in warnings if not harmless(ln))
     errors = [_ANSI.sub("", ln).strip() for ln in lines if classify(ln) == "error"]
-    hidden = sum(1 for ln in lines if classify(ln) == "warning" and harmless(ln))
     out = [
-        f"engine log: {len(lines)} lines in {path} ({_n(kinds['warning'], 'warning')}, {hidden} of"
-        f" them known to be harmless; {_n(kinds['error'], 'error')})"
+        f"engine log: {len(lines)} lines in {path} ({_n(kinds['warning'], 'warning')},"
+        f" {sum(known.values())} of them known to be harmless; {_n(kinds['error'], 'error')})"
     ]
-    for gist, n in warns.most_common(top):
+    # The warnings worth a look first, then the commonest harmless ones.
+    for gist, n in other.most_common(top):
         out.append(f"  {n:>4} x {gist}")
+    for gist, n in known.most_common(max(top - len(other), 0)):
+        out.append(f"  {n:>4} x {gist} (harmless)")
     for ln in errors[:5]:
         out.append(f"  error: {ln[:200]}")
     if len(errors) > 5:
