@@ -148,5 +148,5 @@ def test_progress_line_follows_the_file(tmp_path):
             )
         time.sleep(0.5)
     lines = out.getvalue().splitlines()
-    assert lines and lines[-1].startswith("[tunebook] 00_x: s point 1/2 (1 points done)")
+    assert lines and lines[-1].startswith("[tunebook] 00_x: s point 1/2 (1 point done)")
     assert "[tunebook] 00_x: s point 1/2" in log.getvalue()

@@ -373,7 +373,7 @@ def progress_text(
     if current is None:
         return head + f"starting, {_clock(elapsed_s)} elapsed"
     sw = sweeps[current]
-    text = head + f"{current} point {sw['done']}/{sw['total']} ({done} points done), "
+    text = head + f"{current} point {sw['done']}/{sw['total']} ({_n(done, 'point')} done), "
     text += f"{_clock(elapsed_s)} elapsed"
     left = sw["total"] - sw["done"]
     if left > 0 and walls:

@@ -22,6 +22,11 @@ PHASES = ("engine_start", "warmup", "measure", "teardown", "process")
 # What a row reports: engine start also holds process start and teardown (the engine's life
 # outside its work), so the four add up to the wall time.
 CATEGORIES = ("engine_start", "warmup", "measure", "idle")
+ESTIMATED_NOTE = (
+    "~ estimated: points without per-phase seconds (older runs, and points that failed before"
+    " their engine was up) count engine start from engine_start_s, measurement from the runs'"
+    " duration_s, warm-up as the rest of wall_s (a failed point's wall_s: engine start)"
+)
 LABELS = {
     "engine_start": "engine start/stop",
     "warmup": "warm-up",
@@ -195,9 +200,7 @@ def table(rows: list[dict]) -> str:
     if any(r["estimated"] for r in rows):
         notes.insert(
             0,
-            "~ estimated: points without per-phase seconds (older runs) count engine start from"
-            " engine_start_s, measurement from the runs' duration_s, warm-up as the rest of"
-            " wall_s; idle is what the recorded wall time leaves",
+            ESTIMATED_NOTE + "; idle is what the recorded wall time leaves",
         )
     return "\n".join(lines + ([""] + notes if notes else []))
 

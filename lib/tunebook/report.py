@@ -439,9 +439,7 @@ def gpu_time_html(rows: list[dict]) -> str:
         )
     notes = "".join(f"<li>{esc(r['notebook'])}: {esc(n)}</li>" for r in rows for n in r["notes"])
     est_note = (
-        "<p class='muted'>~ estimated: points without per-phase seconds (older runs) count engine"
-        " start from engine_start_s, measurement from the runs' duration_s, warm-up as the rest"
-        " of wall_s.</p>"
+        f"<p class='muted'>{esc(cost.ESTIMATED_NOTE)}.</p>"
         if any(r["estimated"] for r in rows)
         else ""
     )
