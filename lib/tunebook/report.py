@@ -208,12 +208,12 @@ h1{font-size:26px;margin-bottom:4px} h2{margin-top:36px;border-bottom:1px solid 
 table{border-collapse:collapse;width:100%;margin:8px 0 16px} th,td{border:1px solid #d0d7de;
 padding:5px 8px;vertical-align:top;text-align:left} th{background:#f6f8fa}
 td{overflow-wrap:anywhere} td.num{text-align:right;white-space:nowrap;overflow-wrap:normal} .muted{color:#656d76;font-size:13px}
-.verdict{display:inline-block;padding:1px 8px;border-radius:10px;color:#fff;font-weight:600;
+.verdict{display:inline-block;padding:1px 7px;border-radius:10px;color:#fff;font-weight:600;font-size:13px;
 white-space:nowrap} pre{background:#f6f8fa;padding:8px;overflow-x:auto;white-space:pre-wrap}
 .chart{min-height:420px} .note{background:#fff8c5;border:1px solid #d4a72c;padding:8px 12px}
 .estimated{color:#9a6700} table.ledger{table-layout:fixed}
 """
-LEDGER_WIDTHS = (5, 16, 10, 24, 12, 23, 10)  # percent: the measured figure and the note are long
+LEDGER_WIDTHS = (4, 15, 12, 24, 11, 24, 10)  # percent: the measured figure and the note are long
 
 
 def _table(headers: list[str], rows: list[list[str]], cls: str = "", widths: tuple = ()) -> str:
