@@ -12,6 +12,8 @@ import sys
 import time
 import warnings
 
+import pytest
+
 from tunebook import console
 
 NUMA = (
@@ -150,3 +152,21 @@ def test_progress_line_follows_the_file(tmp_path):
     lines = out.getvalue().splitlines()
     assert lines and lines[-1].startswith("[tunebook] 00_x: s point 1/2 (1 point done)")
     assert "[tunebook] 00_x: s point 1/2" in log.getvalue()
+
+
+@pytest.mark.engine
+def test_an_isolated_engine_started_under_the_engine_log_keeps_its_own_log(
+    tmp_path, base_point, monkeypatch
+):
+    """The kernel's setting (vLLM's stream: descriptor 1) reaches an isolated engine child, whose
+    descriptor 1 is its own log file: the facts read from that log (attention backend, KV size)
+    are still there."""
+    from tunebook.engine import run_point
+
+    monkeypatch.setenv(console.VLLM_STREAM_ENV, "ext://sys.__stdout__")
+    log = tmp_path / "point.log"
+    r = run_point(base_point, isolate=True, timeout_s=600, log_path=log)
+    assert r["status"] == "ok", r.get("error")
+    assert r["env"].get("attention_backend")
+    assert "engine_kv_tokens" in r["capacity"]
+    assert "Resolved architecture" in log.read_text() or "KV cache" in log.read_text()
