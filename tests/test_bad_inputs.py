@@ -25,6 +25,8 @@ from tunebook.runner import run_workbook
 
 REPO = Path(__file__).resolve().parents[1]
 PAPERMILL = Path(sys.executable).with_name("papermill")
+# The assembly notebook by its topic: notebooks are numbered by their place in the workbook.
+ASSEMBLY = next(n for n in profiles.NOTEBOOKS if n.endswith("_assemble_config"))
 
 
 def _profile(tmp_path: Path, text: str) -> Path:
@@ -48,11 +50,11 @@ def _profile(tmp_path: Path, text: str) -> Path:
             r"unknown engine setting 'enforce_eagre' .*did you mean 'enforce_eager'\?",
         ),
         (
-            "04_assemble_config:\n  scenario: low_latncy\n",
+            f"{ASSEMBLY}:\n  scenario: low_latncy\n",
             r"scenario = 'low_latncy' .*did you mean 'low_latency'\?",
         ),
         (
-            "04_assemble_config:\n  also_validate: {long_docs: {}}\n",
+            f"{ASSEMBLY}:\n  also_validate: {{long_docs: {{}}}}\n",
             r"also_validate: scenario 'long_docs' is unknown; did you mean 'long_documents'\?",
         ),
         # values: what would be valid
