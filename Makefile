@@ -25,5 +25,6 @@ goldens: setup
 lint: setup
 	$(PY) -m ruff check --fix . && $(PY) -m ruff format .
 
+# JupyterLab on notebooks/ (as root too); options go through LAB_ARGS="--ip 0.0.0.0 --port 8890".
 lab: setup
-	.venv/bin/jupyter lab notebooks/
+	bash scripts/lab.sh $(LAB_ARGS)

@@ -7,9 +7,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: tunebook (.venv)
 #     language: python
-#     name: python3
+#     name: tunebook
 # ---
 
 # %% [markdown]
@@ -58,7 +58,7 @@ pd.set_option("display.max_colwidth", 120)
 
 # %% tags=["parameters"]
 # fmt: off
-run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
+run_dir: str = ""  # where results go; "": runs/interactive in this repository; the runner passes runs/<run-id>
 model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
 engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
@@ -75,6 +75,13 @@ claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json),
 article_card_gib: float = 23.65  # the article's RTX 4090: total memory as CUDA reports it (what gpu_memory_utilization multiplies)
 claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article's max_model_len)
 # fmt: on
+
+# %%
+# A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
+# itself only warns); from here on vLLM's log goes to <run_dir>/00_baseline/logs/engine.log.
+import tunebook.notebook
+
+run_dir = tunebook.notebook.begin(globals(), "00_baseline")
 
 # %% [markdown]
 # Derived values: the platform, the model's shape, the two configurations.
@@ -286,3 +293,7 @@ print(claims.headline(v_c6))
 verdicts = [v_c1, v_c6, v_c9]
 claims.write(run_dir, "00_baseline", verdicts)
 claims.table(verdicts)
+
+# %%
+# vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
+tunebook.notebook.end(run_dir, "00_baseline")

@@ -7,9 +7,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: tunebook (.venv)
 #     language: python
-#     name: python3
+#     name: tunebook
 # ---
 
 # %% [markdown]
@@ -66,7 +66,7 @@ pd.set_option("display.max_colwidth", 80)
 
 # %% tags=["parameters"]
 # fmt: off
-run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
+run_dir: str = ""  # where results go; "": runs/interactive in this repository; the runner passes runs/<run-id>
 model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
 engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
@@ -90,6 +90,13 @@ prefix_shares: list = [0.0, 0.5, 0.9]  # share of each prompt that is a prefix s
 prefix_workload: dict = {"kind": "shared_prefix", "num_requests": 12, "prompt_len": 512, "output_len": 8, "num_prefixes": 2, "seed": 13}  # prefix_share is set from prefix_shares
 prefix_repeats: int = 1  # engine starts per (prefix caching, share) point
 # fmt: on
+
+# %%
+# A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
+# itself only warns); from here on vLLM's log goes to <run_dir>/01_kv_cache_sizing/logs/engine.log.
+import tunebook.notebook
+
+run_dir = tunebook.notebook.begin(globals(), "01_kv_cache_sizing")
 
 # %% [markdown]
 # Derived values.
@@ -465,3 +472,7 @@ print(claims.headline(v_c3))
 verdicts = [v_c2, v_c3, v_c5, v_c12]
 claims.write(run_dir, "01_kv_cache_sizing", verdicts)
 claims.table(verdicts)
+
+# %%
+# vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
+tunebook.notebook.end(run_dir, "01_kv_cache_sizing")

@@ -7,9 +7,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: tunebook (.venv)
 #     language: python
-#     name: python3
+#     name: tunebook
 # ---
 
 # %% [markdown]
@@ -53,7 +53,7 @@ pd.set_option("display.max_colwidth", 160)
 
 # %% tags=["parameters"]
 # fmt: off
-run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
+run_dir: str = ""  # where results go; "": runs/interactive in this repository; the runner passes runs/<run-id>
 model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
 engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
@@ -69,6 +69,13 @@ attention_backends: list[str] = ["FLASH_ATTN"]  # attention_backend values compa
 backend_block_size: int = 128  # block_size of the backend comparison
 backend_repeats: int = 1  # engine starts per attention_backend value
 # fmt: on
+
+# %%
+# A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
+# itself only warns); from here on vLLM's log goes to <run_dir>/02_block_size_sweep/logs/engine.log.
+import tunebook.notebook
+
+run_dir = tunebook.notebook.begin(globals(), "02_block_size_sweep")
 
 # %%
 if not isolate:  # in-process engines log into this notebook; isolated ones log to files, which
@@ -288,3 +295,7 @@ for v in verdicts:
 # NBVAL_CHECK_OUTPUT
 # C4's verdict on CPU rests on which block sizes the backend accepts (its speed figures vary).
 print(claims.headline(verdicts[0]))
+
+# %%
+# vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
+tunebook.notebook.end(run_dir, "02_block_size_sweep")

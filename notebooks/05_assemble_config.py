@@ -7,9 +7,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: tunebook (.venv)
 #     language: python
-#     name: python3
+#     name: tunebook
 # ---
 
 # %% [markdown]
@@ -68,7 +68,7 @@ pd.set_option("display.max_colwidth", 160)
 
 # %% tags=["parameters"]
 # fmt: off
-run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
+run_dir: str = ""  # where results go; "": runs/interactive in this repository; the runner passes runs/<run-id>
 model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
 engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the engine processes
@@ -85,6 +85,13 @@ also_validate: dict = {}  # more scenarios, each validated side by side too: nam
 claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
 card_sizes_gib: list = [8, 12, 16, 24, 48, 80, 141]  # device memory of cards for the C13 arithmetic, GiB
 # fmt: on
+
+# %%
+# A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
+# itself only warns); from here on vLLM's log goes to <run_dir>/04_assemble_config/logs/engine.log.
+import tunebook.notebook
+
+run_dir = tunebook.notebook.begin(globals(), "04_assemble_config")
 
 # %% [markdown]
 # Derived values: the scenario, the SLO, the output folder, the platform (imports vLLM once, so
@@ -440,3 +447,7 @@ lines.append(
     f"**Files:** {', '.join(f'`{p}`' for p in files.values())}. Check it: `python -m tunebook.serve {files['serve.yaml']} --check`."
 )
 display(Markdown("\n".join(lines)))
+
+# %%
+# vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
+tunebook.notebook.end(run_dir, "04_assemble_config")

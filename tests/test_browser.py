@@ -48,6 +48,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOT = REPO / "test-artifacts" / "browser" / "explorer.png"
+REPORT_SCREENSHOT = REPO / "test-artifacts" / "browser" / "report.png"
 BASE = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}
 NOTEBOOK = "explorer.ipynb"
 
@@ -411,3 +412,37 @@ def test_explorer_recommendation_follows_the_ttft_slider(lab):
         finally:
             browser.close()
     print(f"browser test: {time.monotonic() - t0:.1f} s in the browser; screenshot {SCREENSHOT}")
+
+
+# --------------------------------------------------------------------------- the run's report
+@pytest.mark.browser
+def test_report_summary_shows_the_ledger_and_draws_its_charts(tmp_path):
+    """report/index.html opened from disk (no server, no network): the ledger is there in full
+    and plotly, embedded in the page, draws the charts."""
+    _requirements()
+    from playwright.sync_api import expect, sync_playwright
+    from test_report import LONG_NOTE, build_run
+
+    from tunebook.report import write_report
+
+    index = write_report(build_run(tmp_path))
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.route("http*://**", lambda route: route.abort())  # offline: nothing is fetched
+            page.goto(index.as_uri())
+            rows = page.locator("table.ledger tbody tr")
+            expect(rows).to_have_count(1)
+            expect(rows.first).to_contain_text("C4")
+            expect(rows.first).to_contain_text("refuted")
+            expect(rows.first).to_contain_text(LONG_NOTE.split()[-1])
+            charts = page.locator(".chart .js-plotly-plot .main-svg")
+            expect(charts.first).to_be_visible(timeout=30_000)
+            assert charts.count() >= 3  # validation, the notebook's chart, GPU time
+            # the validation chart has bars: the figure was drawn, not only its frame
+            expect(page.locator(".chart").first.locator("g.point").first).to_be_attached()
+            REPORT_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(REPORT_SCREENSHOT), full_page=True)
+        finally:
+            browser.close()

@@ -118,7 +118,10 @@ def test_notebook_params_merge_and_check(tmp_path, nb_dir):
 @pytest.mark.parametrize(
     "text,match",
     [
-        ("common:\n  modle: tiny-ernie\n", r"'modle' is not a parameter of 00_baseline; its param"),
+        (
+            "common:\n  modle: tiny-ernie\n",
+            r"'modle' is not a parameter of 00_baseline; did you mean 'model'\? Its param",
+        ),
         (
             "00_baseline:\n  repeats: two\n",
             r"00_baseline.repeats = 'two' \(str\) does not match int",

@@ -1,11 +1,12 @@
-"""Command line: `python -m tunebook run [--profile cpu] [--run-id ID] [--notebook 01] [--resume]`."""
+"""Command line: `python -m tunebook run [--profile cpu] [--run-id ID] [--notebook 01] [--resume]`,
+`python -m tunebook cost runs/<run-id>`, `python -m tunebook profiles`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .errors import ConfigError
+from .errors import ConfigError, TunebookError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--runs-dir", default=None, help="where run folders go (default: runs/)")
     r.add_argument("--no-report", action="store_true", help="skip the HTML report")
     sub.add_parser("profiles", help="list the parameter profiles")
+    c = sub.add_parser("cost", help="GPU-seconds of a run folder, per notebook and phase")
+    c.add_argument("run_dir", help="a run folder, e.g. runs/<run-id>")
+    c.add_argument("--json", action="store_true", help="rows as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "cost":
+            from .cost import main as cost_main
+
+            return cost_main([args.run_dir, *(["--json"] if args.json else [])])
         if args.cmd == "profiles":
             from .profiles import available_profiles
 
@@ -45,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"tunebook: error: {e}", file=sys.stderr)
         return 2
+    except TunebookError as e:  # a notebook stopped: the runner has said where and why
+        print(f"tunebook: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(
             "tunebook: interrupted (finished points are kept; --resume continues)", file=sys.stderr

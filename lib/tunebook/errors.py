@@ -15,6 +15,15 @@ class ConfigError(TunebookError, ValueError):
         prefix = f"{source}: " if source else ""
         super().__init__(prefix + message)
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of the traceback: the message is the whole story (what was
+        # wrong and what would be valid), and papermill repeats it as the reason a notebook failed.
+        return [f"\x1b[0;31mConfigError\x1b[0m: {self}"]
+
 
 class EngineFailure(TunebookError, RuntimeError):
     """An engine could not start or died during a point; carries vLLM's reason."""
+
+
+class NotebookFailed(TunebookError, RuntimeError):
+    """A notebook of a headless run stopped at a cell; says which, why, and where its output is."""

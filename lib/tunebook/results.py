@@ -207,8 +207,16 @@ def flatten(point: dict) -> dict:
     return row
 
 
+FRAME_COLUMNS = ("point_id", "config", "repeat", "status", "workload", "error")
+
+
 def load_sweep(root: str | Path):
-    """The sweep's points as a pandas DataFrame (one row per point, as in summary.csv)."""
+    """The sweep's points as a pandas DataFrame (one row per point, as in summary.csv).
+
+    A sweep without points (every candidate ruled out before any engine) is an empty frame that
+    still has the identity and status columns, so ``df[df["status"] != "ok"]`` holds.
+    """
     import pandas as pd
 
-    return pd.DataFrame([flatten(p) for p in SweepDir(root).points()])
+    rows = [flatten(p) for p in SweepDir(root).points()]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(FRAME_COLUMNS))

@@ -1,19 +1,31 @@
-"""Headless runner: execute the notebooks in order with papermill into runs/<run-id>/, then report."""
+"""Headless runner: execute the notebooks in order with papermill into runs/<run-id>/, then report.
+
+The terminal gets one progress line per notebook; ``<run>/run.log`` gets the same lines, the
+kernels' stderr, and the counts of known-harmless warnings hidden from the terminal.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import secrets
 import sys
 import time
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, NotebookFailed
 from .interrupt import stop_on_signal
 from .model import REPO_ROOT
-from .profiles import NOTEBOOKS, NOTEBOOKS_DIR, detect_profile, load_profile, notebook_params
+from .profiles import (
+    NOTEBOOKS,
+    NOTEBOOKS_DIR,
+    check_values,
+    detect_profile,
+    load_profile,
+    notebook_params,
+)
 from .results import atomic_write_text, safe_name
 
 RUNS_DIR = REPO_ROOT / "runs"
@@ -62,6 +74,28 @@ def select_notebooks(only: list[str] | None) -> list[str]:
     return chosen
 
 
+def preflight(prof: dict, names: list[str]) -> dict[str, dict]:
+    """Every notebook's parameters checked before anything runs: names, types, then values.
+
+    Names and types first, for all notebooks (instant); then the values, which for engine settings
+    and block sizes import the installed vLLM (seconds). Returns each notebook's parameters.
+    """
+    plan = {n: notebook_params(prof, n) for n in names}
+    src = str(prof.get("_path", "<profile>"))
+    for n in names:
+        check_values(n, plan[n], source=f"{src}: {n}", engine=False)
+    import warnings
+
+    from .console import quiet_vllm_import
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vLLM's import-time deprecations are not the user's
+        with quiet_vllm_import():
+            for n in names:
+                check_values(n, plan[n], source=f"{src}: {n}", engine=True)
+    return plan
+
+
 def run_workbook(
     profile: str | None = None,
     run_id: str | None = None,
@@ -71,109 +105,175 @@ def run_workbook(
     report: bool = True,
     log=print,
 ) -> Path:
-    """Run notebooks in order; return the run folder. A notebook already executed is skipped on resume."""
+    """Run notebooks in order; return the run folder. A notebook already executed is skipped on resume.
+
+    Every parameter of every notebook is checked before the run folder is made, so a bad input
+    leaves nothing behind. Each call of a notebook is recorded in ``run.json`` (its seconds and
+    status), and calls accumulate over resumes.
+    """
     profile = profile or detect_profile()
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
-    # Every notebook's parameters are checked before the first one runs.
-    plan = {n: notebook_params(prof, n) for n in names}
+    plan = preflight(prof, names)
+    log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
     run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
     run_dir = claim_run_dir(runs_dir, run_id, resume)
     state_path = run_dir / "run.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     state.update(run_id=run_id, profile=str(prof["_path"]), python=sys.version.split()[0])
     state.setdefault("notebooks", {})
-    with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
-        _run_notebooks(names, plan, run_dir, state, state_path, resume, log)
-    if report:
+    with open(run_dir / RUN_LOG, "a") as run_log:
+        tee = _tee(log, run_log)
         try:
-            path = write_report(run_dir)
-            log(f"[tunebook] report: {path}")
-        except (
-            ImportError
-        ) as e:  # nbconvert is absent on some GPU nodes; the notebooks are the record
-            log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
+            with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
+                _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log)
+        except NotebookFailed:
+            if report:  # what did run is worth reading: the report says which notebook stopped
+                _report(run_dir, tee)
+            raise
+        if report:
+            _report(run_dir, tee)
     return run_dir
 
 
-def _run_notebooks(names, plan, run_dir: Path, state: dict, state_path: Path, resume, log) -> None:
+def _report(run_dir: Path, log) -> None:
+    try:
+        log(f"[tunebook] report: {write_report(run_dir)}")
+    except ImportError as e:
+        # nbconvert is absent on some GPU nodes; the notebooks are the record
+        log(f"[tunebook] no HTML report ({e}); executed notebooks are in {run_dir}")
+
+
+RUN_LOG = "run.log"
+
+
+def _tee(log, run_log):
+    def out(msg: str) -> None:
+        log(msg)
+        run_log.write(msg + "\n")
+        run_log.flush()
+
+    return out
+
+
+class _KnownParameters(logging.Filter):
+    """papermill warns "Passed unknown parameter" when its own parser cannot read a declaration;
+    the runner has checked every name against the notebook already."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = set(names)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (
+            msg.startswith("Passed unknown parameter:")
+            and msg.split(":", 1)[1].strip() in self.names
+        )
+
+
+def _record_call(state: dict, name: str, call: dict) -> dict:
+    """Add one call to a notebook's entry; ``status`` and ``seconds`` are the latest and the sum."""
+    entry = state["notebooks"].get(name) or {}
+    calls = entry.get("calls")
+    if calls is None:  # a run.json written before calls were kept: its one entry is a call
+        calls = [{"seconds": entry["seconds"], "status": entry.get("status")}] if entry else []
+    calls.append(call)
+    entry = {
+        **{k: v for k, v in entry.items() if k not in ("error",)},
+        "status": call["status"],
+        "seconds": sum(float(c.get("seconds") or 0.0) for c in calls),
+        "calls": calls,
+    }
+    if call.get("error"):
+        entry["error"] = call["error"]
+    state["notebooks"][name] = entry
+    return entry
+
+
+def _failure(name: str, e: Exception, out_nb: Path) -> str:
+    """One line: the cell, the error and where the executed notebook is (no traceback wall)."""
+    ename, evalue = getattr(e, "ename", None), getattr(e, "evalue", None)
+    if ename:
+        cell = getattr(e, "exec_count", None)
+        where = f"in cell [{cell}]" if cell is not None else "in a cell"
+        return f"{name} stopped {where}: {ename}: {str(evalue).strip()[:800]} (see {out_nb})"
+    text = str(e).strip()
+    return f"{name} failed: {text.splitlines()[-1][:800] if text else repr(e)}"
+
+
+def _run_notebooks(
+    names, plan, run_dir: Path, state: dict, state_path: Path, resume, log, run_log
+) -> None:
     import papermill as pm
 
-    for name in names:
-        done = state["notebooks"].get(name, {}).get("status") == "ok"
-        if resume and done:
-            log(f"[tunebook] {name}: done in an earlier run, skipped (resume)")
-            continue
-        params = {**plan[name], "run_dir": str(run_dir)}
-        out_nb = run_dir / f"{name}.ipynb"
-        log(f"[tunebook] {name}: running -> {out_nb}")
-        t0 = time.perf_counter()
-        try:
-            pm.execute_notebook(
-                str(NOTEBOOKS_DIR / f"{name}.ipynb"),
-                str(out_nb),
-                parameters=params,
-                cwd=str(NOTEBOOKS_DIR),
-                progress_bar=False,
-                log_output=False,
-                kernel_name="python3",
-            )
-            state["notebooks"][name] = {"status": "ok", "seconds": time.perf_counter() - t0}
-        except KeyboardInterrupt:
-            # Ctrl-C: papermill's client shuts the kernel down; its engines go with its process
-            # group, and an isolated engine child kills its own group once its parent is gone.
-            state["notebooks"][name] = {
-                "status": "interrupted",
-                "seconds": time.perf_counter() - t0,
-            }
-            log(f"[tunebook] {name}: interrupted; finished points are kept (--resume continues)")
-            raise
-        except Exception as e:
-            state["notebooks"][name] = {
-                "status": "failed",
-                "seconds": time.perf_counter() - t0,
-                "error": str(e).strip().splitlines()[-1][:500] if str(e).strip() else repr(e),
-            }
-            atomic_write_text(state_path, json.dumps(state, indent=2))
-            log(f"[tunebook] {name}: FAILED ({state['notebooks'][name]['error']})")
-            raise
-        finally:
-            atomic_write_text(state_path, json.dumps(state, indent=2))
-        log(f"[tunebook] {name}: ok in {state['notebooks'][name]['seconds']:.0f} s")
+    from .console import PROGRESS_FILE, ProgressLine, StderrFilter, hidden_text
+    from .notebook import CALL_START_ENV
+
+    pm_log = logging.getLogger("papermill")
+    known = _KnownParameters({k for p in plan.values() for k in p} | {"run_dir"})
+    pm_log.addFilter(known)
+    try:
+        with StderrFilter(run_log) as err:
+            for name in names:
+                done = state["notebooks"].get(name, {}).get("status") == "ok"
+                if resume and done:
+                    log(f"[tunebook] {name}: done in an earlier run, skipped (resume)")
+                    continue
+                params = {**plan[name], "run_dir": str(run_dir)}
+                out_nb = run_dir / f"{name}.ipynb"
+                log(f"[tunebook] {name}: running -> {out_nb}")
+                started = dt.datetime.now().isoformat(timespec="seconds")
+                t0 = time.perf_counter()
+                os.environ[CALL_START_ENV] = repr(time.time())  # the kernel inherits it
+                call = {"started": started, "status": "running"}
+                try:
+                    with ProgressLine(name, run_dir / name / PROGRESS_FILE, run_log):
+                        pm.execute_notebook(
+                            str(NOTEBOOKS_DIR / f"{name}.ipynb"),
+                            str(out_nb),
+                            parameters=params,
+                            cwd=str(NOTEBOOKS_DIR),
+                            progress_bar=False,
+                            log_output=False,
+                            kernel_name="python3",
+                        )
+                    call["status"] = "ok"
+                except KeyboardInterrupt:
+                    # Ctrl-C: papermill's client shuts the kernel down; its engines go with its
+                    # process group, and an isolated engine child kills its own group once its
+                    # parent is gone.
+                    call["status"] = "interrupted"
+                    log(
+                        f"[tunebook] {name}: interrupted; finished points are kept"
+                        " (--resume continues)"
+                    )
+                    raise
+                except Exception as e:
+                    call["status"] = "failed"
+                    call["error"] = _failure(name, e, out_nb)
+                    log(f"[tunebook] {name}: FAILED: {call['error']}")
+                    raise NotebookFailed(call["error"]) from None
+                finally:
+                    os.environ.pop(CALL_START_ENV, None)
+                    call["seconds"] = time.perf_counter() - t0
+                    entry = _record_call(state, name, call)
+                    atomic_write_text(state_path, json.dumps(state, indent=2))
+                    run_log.write(f"[tunebook] {name}: {hidden_text(err.take_counts())}\n")
+                log(
+                    f"[tunebook] {name}: ok in {call['seconds']:.0f} s"
+                    + (
+                        f" ({entry['seconds']:.0f} s over {len(entry['calls'])} calls)"
+                        if len(entry["calls"]) > 1
+                        else ""
+                    )
+                )
+    finally:
+        pm_log.removeFilter(known)
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """An HTML report of the run: each executed notebook without its input cells, and an index."""
-    from nbconvert import HTMLExporter
+    """The run's HTML report (``tunebook.report``): a summary page and one page per notebook."""
+    from .report import write_report as write
 
-    run_dir = Path(run_dir)
-    exporter = HTMLExporter(
-        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
-    )
-    links = []
-    for nb in sorted(run_dir.glob("[0-9][0-9]_*.ipynb")):
-        body, _ = exporter.from_filename(str(nb))
-        out = run_dir / "report" / f"{nb.stem}.html"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(body)
-        links.append(f'<li><a href="{out.name}">{nb.stem}</a></li>')
-    state = {}
-    if (run_dir / "run.json").is_file():
-        state = json.loads((run_dir / "run.json").read_text())
-    extra = ""
-    for name in ("serve.yaml", "serve.sh", "llm_kwargs.py"):
-        if (run_dir / "05_assemble_config" / name).is_file():
-            extra += f'<li><a href="../05_assemble_config/{name}">{name}</a></li>'
-    index = run_dir / "report" / "index.html"
-    index.parent.mkdir(exist_ok=True)
-    index.write_text(
-        "<!doctype html><meta charset=utf-8><title>tunebook run {rid}</title>"
-        "<h1>tunebook run {rid}</h1><p>profile: {prof}</p><ul>{links}</ul>"
-        "<h2>Assembled configuration</h2><ul>{extra}</ul>".format(
-            rid=run_dir.name,
-            prof=state.get("profile", "?"),
-            links="".join(links),
-            extra=extra or "<li>(not assembled in this run)</li>",
-        )
-    )
-    return index
+    return write(run_dir)

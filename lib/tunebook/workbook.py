@@ -4,12 +4,16 @@
     df = wb.sweep("block_size", grid("block_size", [32, 64]), workload={...}, repeats=3)
 
 Each sweep lands in ``<run_dir>/<notebook>/<sweep>/`` (one JSON per point + summary.csv) and
-resumes if the folder already holds finished points.
+resumes if the folder already holds finished points. Each sweep's start and each finished point
+are appended to ``<run_dir>/<notebook>/progress.jsonl``: the runner's progress line reads it, and
+the GPU-time accounting takes the points' end times from it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +59,21 @@ class Workbook:
     def sweep(self, name: str, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra):
         """Run (or resume) a sweep and return its DataFrame; failed points are rows with an error."""
         pts = self.points(configs, workload, repeats, **extra)
+        sd = SweepDir(self.sweep_dir(name))
+        done = sum(1 for p in pts if p.get("point_id") and _done(sd, p["point_id"]))
+        self._progress({"event": "start", "sweep": name, "points": len(pts), "done": done})
+
+        def on_result(r: dict) -> None:
+            self._progress(
+                {
+                    "event": "point",
+                    "sweep": name,
+                    "point_id": r.get("point_id"),
+                    "status": r.get("status"),
+                    "wall_s": r.get("wall_s"),
+                }
+            )
+
         return run_sweep(
             pts,
             self.sweep_dir(name),
@@ -62,7 +81,15 @@ class Workbook:
             progress=self.progress,
             executor=self.executor,
             desc=f"{self.notebook}/{name}",
+            on_result=on_result,
         )
+
+    def _progress(self, event: dict) -> None:
+        from .console import PROGRESS_FILE
+
+        line = json.dumps({"t": time.time(), **event}) + "\n"
+        with open(self.root / PROGRESS_FILE, "a") as f:  # one short append per event
+            f.write(line)
 
     def results(self, name: str) -> list[dict]:
         """Full point results (with per-request records) of a finished sweep."""
@@ -70,3 +97,10 @@ class Workbook:
 
     def frame(self, name: str):
         return load_sweep(self.sweep_dir(name))
+
+
+def _done(sd: SweepDir, point_id: str) -> bool:
+    try:
+        return sd.done(point_id)
+    except Exception:  # a bad id is reported by run_sweep's own checks, with its reason
+        return False

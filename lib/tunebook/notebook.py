@@ -1,0 +1,89 @@
+"""The first and last cells every notebook shares.
+
+    run_dir = tunebook.notebook.begin(globals(), "02_block_size_sweep")   # after the parameters
+    tunebook.notebook.end(run_dir, "02_block_size_sweep")                 # last cell
+
+``begin`` refuses parameters the notebook does not declare (papermill only warns about them),
+checks every parameter's type and value as ``tunebook run`` does before it starts, returns the run
+folder (an empty ``run_dir`` is runs/interactive in this repository, wherever the notebook runs
+from) and sends vLLM's log to ``<run_dir>/<notebook>/logs/engine.log``. ``end`` summarises that
+log and shows the notebook's GPU-seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from . import console, cost, profiles
+
+# Set by the runner for each notebook call: the wall clock at the call's start (epoch seconds).
+CALL_START_ENV = "TUNEBOOK_CALL_START"
+_BEGUN: dict[str, float] = {}
+
+
+def log_path(run_dir: str | Path, notebook: str) -> Path:
+    return Path(run_dir) / notebook / "logs" / console.ENGINE_LOG
+
+
+def begin(ns: dict, notebook: str, capture: bool = True) -> str:
+    """Check the notebook's parameters, capture the engine log, return the run folder.
+
+    Nothing is written to the run folder until every check has passed: the log is captured into
+    a temporary file while the value checks import vLLM, then moved into the run folder.
+    """
+    profiles.check_injected(ns, notebook, engine=False)  # names and types: no vLLM needed
+    run_dir = profiles.run_folder(ns.get("run_dir", ""))
+    tmp = None
+    if capture:
+        # Before the checks below import vLLM, so that what it prints on import is kept too.
+        fd, tmp = tempfile.mkstemp(prefix=f"tunebook-{notebook}-", suffix=".log")
+        os.close(fd)
+        console.capture_engine_log(tmp)
+    try:
+        profiles.check_values(
+            notebook,
+            {k: ns[k] for k in profiles.notebook_parameters(notebook) if k in ns},
+            source="parameters",
+        )
+    except BaseException:
+        if capture:
+            console.release_engine_log(delete=True)
+        raise
+    if capture:
+        console.capture_engine_log(log_path(run_dir, notebook), carry_from=tmp)
+    _BEGUN[notebook] = time.time()
+    return run_dir
+
+
+def _call_seconds(notebook: str) -> float:
+    """Wall time of this call so far: from the runner's start of the call, else from ``begin``."""
+    start = os.environ.get(CALL_START_ENV)
+    try:
+        t0 = float(start) if start else _BEGUN.get(notebook, time.time())
+    except ValueError:
+        t0 = _BEGUN.get(notebook, time.time())
+    return max(time.time() - t0, 0.0)
+
+
+def gpu_time_text(run_dir: str | Path, notebook: str, running_s: float | None = None) -> str:
+    """This notebook's GPU-seconds (earlier calls and this one) and their split, in one line."""
+    running = _call_seconds(notebook) if running_s is None else running_s
+    r = cost.notebook_cost(run_dir, notebook, running_s=running)
+    parts = ", ".join(
+        f"{cost.LABELS[c]} {r[c]:.0f} s ({100 * r[c] / r['gpu_s']:.0f}%)" if r["gpu_s"] else ""
+        for c in cost.CATEGORIES
+    )
+    calls = f" over {r['calls']} calls" if r["calls"] > 1 else ""
+    return (
+        f"GPU time of {notebook}{calls}: {r['gpu_s']:.0f} device-seconds ({parts});"
+        f" {r['points']} points, {r['failed_points']} failed"
+    )
+
+
+def end(run_dir: str | Path, notebook: str) -> None:
+    """The last cell: the engine log in a few lines, and the notebook's GPU-seconds."""
+    print(console.summarize_log(log_path(run_dir, notebook)))
+    print(gpu_time_text(run_dir, notebook))

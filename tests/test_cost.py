@@ -1,0 +1,205 @@
+"""GPU-seconds: every call of every notebook is counted, and the split into engine start, warm-up,
+measurement and idle adds up to the wall time. Old run folders (points without ``seconds``, a
+``run.json`` with the last call only) get estimated figures, said so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunebook import cost
+from tunebook.results import SweepDir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _point(pid: str, seconds: dict | None, wall: float, **extra) -> dict:
+    p = {"point_id": pid, "config": pid, "repeat": 0, "status": "ok", "wall_s": wall, **extra}
+    if seconds is not None:
+        p["seconds"] = seconds
+    return p
+
+
+def test_split_adds_up_and_calls_accumulate(tmp_path):
+    sd = SweepDir(tmp_path / "02_block_size_sweep" / "s")
+    secs = {"engine_start": 3.0, "warmup": 1.0, "measure": 4.0, "teardown": 0.5, "process": 1.5}
+    sd.write("a", _point("a", secs, 10.5))
+    sd.write("b", _point("b", secs, 10.5))
+    state = {
+        "notebooks": {
+            "02_block_size_sweep": {
+                "status": "ok",
+                "calls": [{"seconds": 20.0, "status": "failed"}, {"seconds": 15.0, "status": "ok"}],
+            }
+        }
+    }
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    (r,) = cost.run_cost(tmp_path)
+    assert r["calls"] == 2 and r["points"] == 2
+    assert r["gpu_s"] == pytest.approx(35.0)  # both calls, not the last one
+    assert r["engine_start"] == pytest.approx(2 * (3.0 + 1.5 + 0.5))
+    assert r["warmup"] == pytest.approx(2.0) and r["measure"] == pytest.approx(8.0)
+    assert r["idle"] == pytest.approx(35.0 - 20.0)
+    assert sum(r[c] for c in cost.CATEGORIES) == pytest.approx(r["gpu_s"])
+    assert r["estimated"] == []
+    assert "~" not in cost.table([r])
+
+
+def test_old_run_folder_is_estimated_and_says_so():
+    """runs/h200-20261202: points without seconds, run.json with one entry per notebook."""
+    rows = cost.run_cost(REPO / "runs" / "h200-20261202")
+    assert [r["notebook"] for r in rows][:5] == [
+        "00_baseline",
+        "01_kv_cache_sizing",
+        "02_block_size_sweep",
+        "03_prefill_scaling",
+        "04_assemble_config",
+    ]
+    for r in rows:
+        assert r["gpu_s"] > 0 and min(r[c] for c in cost.CATEGORIES) >= 0
+        assert sum(r[c] for c in cost.CATEGORIES) == pytest.approx(r["gpu_s"], abs=1e-6)
+        assert {"measure", "warmup", "wall"} <= set(r["estimated"])
+        assert r["notes"]  # which record is incomplete
+    text = cost.table(rows)
+    assert "~ estimated" in text and "run.json holds the last call only" in text
+
+
+def test_cost_command_on_an_old_run_folder():
+    r = subprocess.run(
+        [sys.executable, "-m", "tunebook", "cost", str(REPO / "runs" / "h200-20261202")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "04_assemble_config" in r.stdout and "~ estimated" in r.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "tunebook", "cost", "/nonexistent/run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "no run folder" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_figure_stacks_the_four_parts(tmp_path):
+    rows = [
+        {
+            "notebook": "00_x",
+            "gpu_s": 10.0,
+            "engine_start": 4.0,
+            "warmup": 1.0,
+            "measure": 3.0,
+            "idle": 2.0,
+        }
+    ]
+    d = cost.figure(rows).to_dict()
+    assert d["layout"]["barmode"] == "stack"
+    assert [t["name"] for t in d["data"]] == [cost.LABELS[c] for c in cost.CATEGORIES]
+    assert sum(t["y"][0] for t in d["data"]) == pytest.approx(10.0)
+
+
+# --------------------------------------------------------------------------- a real run
+NOTEBOOK_CELLS = [
+    "import tunebook.notebook\n\nrun_dir = tunebook.notebook.begin(globals(), '00_baseline')",
+    "import os\n"
+    "from tunebook.workbook import Workbook\n"
+    "wb = Workbook(run_dir, '00_baseline', 'tiny-ernie', engine_settings, {'VLLM_ENABLE_V1_MULTIPROCESSING': '0'}, isolate=False)\n"
+    "wb.sweep('s', {'a': {}, 'b': {}}, {'kind': 'fixed', 'num_requests': 4, 'prompt_len': 16, 'output_len': 6, 'seed': 1}, warmup_requests=1)\n"
+    "flag = os.path.join(run_dir, 'stop-once')\n"
+    "if not os.path.exists(flag):\n"
+    "    open(flag, 'w').close()\n"
+    "    raise RuntimeError('stopped after the first sweep, to be resumed')\n"
+    "wb.sweep('t', {'c': {}}, {'kind': 'fixed', 'num_requests': 4, 'prompt_len': 16, 'output_len': 6, 'seed': 2}, warmup_requests=1)",
+    "tunebook.notebook.end(run_dir, '00_baseline')",
+]
+PARAMS = (
+    "run_dir: str = ''  # where results go\n"
+    "engine_settings: dict = {'enforce_eager': True, 'kv_cache_memory_bytes': 8388608, 'max_model_len': 512}  # settings\n"
+)
+
+
+@pytest.mark.engine
+def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypatch):
+    """A notebook stopped after its first sweep, then resumed: run.json keeps both calls, the
+    points keep their seconds, and the split adds up to the wall time of both calls. The idle
+    part is checked against the points' own clocks: the wall time of the calls covers every
+    point (from the progress file's end times and each point's wall_s), and the phases cover
+    most of each point."""
+    import nbformat
+
+    from tunebook import console, profiles
+    from tunebook.errors import NotebookFailed
+    from tunebook.runner import run_workbook
+
+    nb_dir = tmp_path / "notebooks"
+    nb_dir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "py"}
+    params = nbformat.v4.new_code_cell(PARAMS)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# q"), params]
+    nb.cells += [nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS]
+    nbformat.write(nb, nb_dir / "00_baseline.ipynb")
+    monkeypatch.setattr(profiles, "NOTEBOOKS_DIR", nb_dir)
+    monkeypatch.setattr("tunebook.runner.NOTEBOOKS_DIR", nb_dir)
+    prof = tmp_path / "p.yaml"
+    prof.write_text("common: {}\n")
+    runs = tmp_path / "runs"
+    with pytest.raises(NotebookFailed, match="to be resumed"):
+        run_workbook(str(prof), "r", ["00"], runs_dir=runs, report=False, log=lambda _: None)
+    run_dir = run_workbook(
+        str(prof), "r", ["00"], runs_dir=runs, resume=True, report=False, log=lambda _: None
+    )
+    state = json.loads((run_dir / "run.json").read_text())
+    calls = state["notebooks"]["00_baseline"]["calls"]
+    assert [c["status"] for c in calls] == ["failed", "ok"]
+
+    (r,) = cost.run_cost(run_dir)
+    wall = sum(c["seconds"] for c in calls)
+    assert r["gpu_s"] == pytest.approx(wall)
+    assert r["points"] == 3 and r["estimated"] == []
+    assert sum(r[c] for c in cost.CATEGORIES) == pytest.approx(wall, rel=1e-9)
+
+    points = cost.point_files(run_dir / "00_baseline")
+    for p in points:
+        phases = sum(p["seconds"].values())
+        assert set(p["seconds"]) >= {"engine_start", "warmup", "measure", "teardown"}
+        assert phases <= p["wall_s"] + 0.05  # phases never double-count
+        assert phases >= 0.8 * p["wall_s"]  # and hold most of the point
+    events = [
+        e
+        for e in console.read_progress(run_dir / "00_baseline" / console.PROGRESS_FILE)
+        if e["event"] == "point"
+    ]
+    assert len(events) == 3
+    # Every point lies inside one of the two calls (their recorded start and seconds), so the
+    # calls' wall time covers all of the points and idle holds every gap between them.
+    import datetime as dt
+
+    spans = [(dt.datetime.fromisoformat(c["started"]).timestamp(), c["seconds"]) for c in calls]
+    for e in events:
+        assert any(
+            t0 - 1.0 <= e["t"] - e["wall_s"] and e["t"] <= t0 + secs + 1.0 for t0, secs in spans
+        ), (e, spans)
+    busy = sum(e["wall_s"] for e in events)
+    assert busy <= wall + 1.0
+    assert r["idle"] >= wall - busy - 0.05
+    # The notebook's last cell printed the same figures for the call it ran in.
+    out = json.loads((run_dir / "00_baseline.ipynb").read_text())
+    printed = "".join(
+        "".join(o.get("text", ""))
+        for c in out["cells"]
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    )
+    assert "GPU time of 00_baseline over 2 calls" in printed
+    assert "engine log:" in printed
+    # vLLM's own lines went to the engine log, not into the cells
+    assert "(MainProcess" not in printed and "The global random seed" not in printed
+    log = (run_dir / "00_baseline" / "logs" / "engine.log").read_text()
+    assert "The global random seed" in log
