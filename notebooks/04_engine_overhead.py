@@ -7,9 +7,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: tunebook (.venv)
 #     language: python
-#     name: python3
+#     name: tunebook
 # ---
 
 # %% [markdown]
@@ -53,7 +53,7 @@ pd.set_option("display.width", 200)
 
 # %% tags=["parameters"]
 # fmt: off
-run_dir: str = "../runs/interactive"  # where results go; the runner passes runs/<run-id>
+run_dir: str = ""  # where results go; "": runs/interactive in this repository; the runner passes runs/<run-id>
 model: str = "tiny-ernie"  # model folder or name under models/ (config.json; dummy weights when none)
 engine_settings: dict = {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "max_model_len": 2048}  # vLLM EngineArgs for every engine here
 engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the in-process diagnosis engine
@@ -75,6 +75,13 @@ slo_attainment_pct: float = 99.0  # the SLO holds when this share of requests me
 search: dict = {"start_rps": 2.0, "duration_s": 3.0, "min_requests": 8, "bisect_steps": 1, "max_rps": 256.0}  # capacity search (tunebook.served.SEARCH_DEFAULTS)
 client_workers: int = 1  # load-generator processes
 # fmt: on
+
+# %%
+# Parameters checked (names, types, values: papermill itself only warns); from here on vLLM's log
+# goes to <run_dir>/04_engine_overhead/logs/engine.log.
+import tunebook.notebook
+
+run_dir = tunebook.notebook.begin(globals(), "04_engine_overhead")
 
 # %% [markdown]
 # Derived values: the platform, the model's shape, the SLO, the configurations.
@@ -183,3 +190,7 @@ claims.write(run_dir, "04_engine_overhead", verdicts)
 display(claims.table(verdicts))
 for x in verdicts:
     print(claims.describe(x))
+
+# %%
+# vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
+tunebook.notebook.end(run_dir, "04_engine_overhead")

@@ -88,10 +88,10 @@ card_sizes_gib: list = [8, 12, 16, 24, 48, 80, 141]  # device memory of cards fo
 
 # %%
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
-# itself only warns); from here on vLLM's log goes to <run_dir>/04_assemble_config/logs/engine.log.
+# itself only warns); from here on vLLM's log goes to <run_dir>/05_assemble_config/logs/engine.log.
 import tunebook.notebook
 
-run_dir = tunebook.notebook.begin(globals(), "04_assemble_config")
+run_dir = tunebook.notebook.begin(globals(), "05_assemble_config")
 
 # %% [markdown]
 # Derived values: the scenario, the SLO, the output folder, the platform (imports vLLM once, so
@@ -450,4 +450,4 @@ display(Markdown("\n".join(lines)))
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "04_assemble_config")
+tunebook.notebook.end(run_dir, "05_assemble_config")
