@@ -53,6 +53,7 @@ from IPython.display import Markdown, display
 
 import tunebook.assemble as assemble
 import tunebook.claims as claims
+import tunebook.deployment as deployment
 import tunebook.engine as engine
 import tunebook.presets as presets
 import tunebook.results
@@ -244,6 +245,41 @@ mismatch = parsed[
 ]
 assert mismatch.empty, f"serve files do not mean the chosen settings:\n{mismatch}"
 print("serve.sh, serve.yaml and llm_kwargs.py agree under vLLM's parser:", mismatch.empty)
+
+# %% [markdown]
+# ### Served as users are served: the deployment for chat traffic
+#
+# Notebook 04 measured configurations through `vllm serve` (replicas behind vllm-router,
+# `stream_interval`, ...) by their capacity under the SLO. The best one is taken only if it beats
+# vLLM's default beyond the noise; then `deployment/` holds one `vllm serve --config` file per
+# replica (its KV share) and `start.sh`, which starts them all behind vllm-router and stops them
+# together (`python -m tunebook.serve <out_dir>/deployment --check` runs it and asks through the
+# router).
+
+# %%
+served_choice = deployment.choose_deployment(run_dir)
+if served_choice is None:
+    print(
+        "no capacity evidence in this run (notebook 04 did not run): the files above are the deployment"
+    )
+else:
+    display(pd.DataFrame(served_choice["ranking"]).round(3))
+    print(f"{served_choice['status']}: {served_choice['reason']}")
+    if served_choice["status"] == "changed":
+        served_kwargs = assemble.deploy_kwargs(
+            model, {**choice["settings"], **served_choice["settings"]}
+        )
+        deploy_files = deployment.write_deployment(
+            Path(out_dir) / "deployment",
+            {**choice, "served_choice": {k: v for k, v in served_choice.items() if k != "ranking"}},
+            served_kwargs,
+            served_choice["replicas"],
+            served_choice["serve"].get("router_policy") or "round_robin",
+            env=engine_env,
+            served_model_name=model,
+        )
+        print(f"----- {deploy_files['start.sh']}")
+        print(deploy_files["start.sh"].read_text())
 
 # %% [markdown]
 # ## 4. Validation: chosen vs default vs the article, side by side

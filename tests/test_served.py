@@ -335,6 +335,41 @@ def test_a_replica_that_cannot_start_fails_the_point_with_vllms_reason(tmp_path)
     assert wait_gone() == []
 
 
+@pytest.mark.engine
+def test_the_written_multi_replica_deployment_runs_as_written(tmp_path):
+    """start.sh of a 2-replica deployment, run by `python -m tunebook.serve <folder> --check`:
+    completions and chat through vllm-router, then every process it started is gone."""
+    import subprocess
+    import sys
+
+    from tunebook import assemble, deployment
+
+    kwargs = assemble.deploy_kwargs("tiny-ernie", SETTINGS)
+    choice = {
+        "scenario": "high_concurrency_chat",
+        "scenario_title": "chat",
+        "objective": "capacity",
+        "slo": {},
+        "changed": {},
+        "decisions": [],
+    }
+    deployment.write_deployment(
+        tmp_path / "deployment", choice, kwargs, 2, served_model_name="tunebook"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # an activated venv
+    r = subprocess.run(
+        [sys.executable, "-m", "tunebook.serve", str(tmp_path / "deployment"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "POST /v1/chat/completions: HTTP 200" in r.stdout and "check passed" in r.stdout
+    assert wait_gone() == []
+
+
 # Last in the file: the module's shared deployment lives until the module ends, and the tests
 # above check that nothing of theirs is left.
 @pytest.fixture(scope="module")

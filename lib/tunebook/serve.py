@@ -250,6 +250,70 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> dict:
     return {"clean": clean, "returncode": proc.returncode, "stop_s": time.perf_counter() - t0}
 
 
+def ask(base: str, tok: bool, max_tokens: int = 16, out=print) -> list[dict]:
+    """The deployment check's requests to a server or router at ``base``: /v1/models, a completion,
+    a streamed completion, and a chat completion where the server has a tokenizer."""
+    steps: list[dict] = []
+
+    def step(name, status, payload, ms, text=None):
+        ok = status == 200
+        steps.append(
+            {
+                "name": name,
+                "status": status,
+                "latency_ms": ms,
+                "ok": ok,
+                "text": text,
+                "response": payload if not ok else None,
+            }
+        )
+        shown = text if text is not None else (payload if not ok else "")
+        out(f"[serve] {name}: HTTP {status} in {ms:.0f} ms  {shown!r}"[:600])
+        return ok
+
+    st, models, ms = http("GET", f"{base}/v1/models")
+    model = (
+        models["data"][0]["id"]
+        if st == 200 and isinstance(models, dict) and models.get("data")
+        else None
+    )
+    step("GET /v1/models", st, models, ms, model)
+    prompt = COMPLETION_PROMPT if tok else [5, 6, 7, 8, 9, 10, 11, 12]
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    st, resp, ms = http("POST", f"{base}/v1/completions", body)
+    text = resp["choices"][0]["text"] if st == 200 else None
+    step("POST /v1/completions", st, resp, ms, text)
+    try:
+        s = stream(f"{base}/v1/completions", body)
+        steps.append(
+            {
+                "name": "POST /v1/completions (stream)",
+                **s,
+                "ok": s["status"] == 200 and s["chunks"] > 0,
+            }
+        )
+        out(
+            f"[serve] POST /v1/completions (stream): HTTP {s['status']}, first chunk {s['ttft_ms']:.0f} ms,"
+            f" done {s['latency_ms']:.0f} ms, {s['chunks']} chunks  {s['text']!r}"[:600]
+        )
+    except Exception as e:  # noqa: BLE001 - report, do not hide
+        steps.append({"name": "POST /v1/completions (stream)", "ok": False, "error": repr(e)})
+        out(f"[serve] POST /v1/completions (stream): FAILED {e!r}")
+    if tok:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": CHAT_MESSAGE}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
+        st, resp, ms = http("POST", f"{base}/v1/chat/completions", body)
+        text = resp["choices"][0]["message"]["content"] if st == 200 else None
+        step("POST /v1/chat/completions", st, resp, ms, text)
+    else:
+        out("[serve] POST /v1/chat/completions: skipped (no tokenizer: skip-tokenizer-init)")
+    return steps
+
+
 def check(
     config: str | Path,
     port: int | None = None,
@@ -301,66 +365,8 @@ def check(
             out(f"[serve] FAILED: {e}\n{result['log_tail']}")
             return result
         out(f"[serve] healthy after {result['start_s']:.1f} s")
-        steps = result["steps"]
-
-        def step(name, status, payload, ms, text=None):
-            ok = status == 200
-            steps.append(
-                {
-                    "name": name,
-                    "status": status,
-                    "latency_ms": ms,
-                    "ok": ok,
-                    "text": text,
-                    "response": payload if not ok else None,
-                }
-            )
-            shown = text if text is not None else (payload if not ok else "")
-            out(f"[serve] {name}: HTTP {status} in {ms:.0f} ms  {shown!r}"[:600])
-            return ok
-
-        st, models, ms = http("GET", f"{base}/v1/models")
-        model = (
-            models["data"][0]["id"]
-            if st == 200 and isinstance(models, dict) and models.get("data")
-            else None
-        )
-        step("GET /v1/models", st, models, ms, model)
-        tok = _uses_tokenizer(config)
-        prompt = COMPLETION_PROMPT if tok else [5, 6, 7, 8, 9, 10, 11, 12]
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-        st, resp, ms = http("POST", f"{base}/v1/completions", body)
-        text = resp["choices"][0]["text"] if st == 200 else None
-        step("POST /v1/completions", st, resp, ms, text)
-        try:
-            s = stream(f"{base}/v1/completions", body)
-            steps.append(
-                {
-                    "name": "POST /v1/completions (stream)",
-                    **s,
-                    "ok": s["status"] == 200 and s["chunks"] > 0,
-                }
-            )
-            out(
-                f"[serve] POST /v1/completions (stream): HTTP {s['status']}, first chunk {s['ttft_ms']:.0f} ms,"
-                f" done {s['latency_ms']:.0f} ms, {s['chunks']} chunks  {s['text']!r}"[:600]
-            )
-        except Exception as e:  # noqa: BLE001 - report, do not hide
-            steps.append({"name": "POST /v1/completions (stream)", "ok": False, "error": repr(e)})
-            out(f"[serve] POST /v1/completions (stream): FAILED {e!r}")
-        if tok:
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": CHAT_MESSAGE}],
-                "max_tokens": max_tokens,
-                "temperature": 0.0,
-            }
-            st, resp, ms = http("POST", f"{base}/v1/chat/completions", body)
-            text = resp["choices"][0]["message"]["content"] if st == 200 else None
-            step("POST /v1/chat/completions", st, resp, ms, text)
-        else:
-            out("[serve] POST /v1/chat/completions: skipped (no tokenizer: skip-tokenizer-init)")
-        result["ok"] = all(s["ok"] for s in steps)
+        result["steps"] = ask(base, _uses_tokenizer(config), max_tokens, out)
+        result["ok"] = all(s["ok"] for s in result["steps"])
         return result
     finally:
         result["shutdown"] = stop(proc)
@@ -373,12 +379,61 @@ def check(
             result["ok"] = False
 
 
+def check_start_script(
+    folder: str | Path,
+    port: int | None = None,
+    timeout_s: float = 900.0,
+    max_tokens: int = 16,
+    env: dict | None = None,
+    out=print,
+) -> dict:
+    """Run a multi-replica deployment's start.sh as written (replicas behind vllm-router), send the
+    check's requests through the router, then stop every process it started (its process group)."""
+    from .isolation import kill_group, spawn
+
+    folder = Path(folder).resolve()
+    port = port or free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = Path(tempfile.mkdtemp(prefix="tunebook-deploy-")) / "start.log"
+    run_env = {**os.environ, **{k: str(v) for k, v in (env or {}).items()}}
+    run_env.update(PORT=str(port), BASE_PORT=str(free_port()))
+    deploy = json.loads((folder / "deployment.json").read_text())
+    result: dict = {"folder": str(folder), "url": base, "log": str(log_path), "ok": False}
+    out(
+        f"[serve] bash start.sh: {deploy['replicas']} replicas behind vllm-router at {base} (log: {log_path})"
+    )
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = spawn(["bash", str(folder / "start.sh")], log, run_env)
+    try:
+        try:
+            result["start_s"] = wait_healthy(base, proc, timeout_s)
+        except (RuntimeError, TimeoutError) as e:
+            result["error"] = str(e)
+            result["log_tail"] = log_path.read_text(errors="replace")[-3000:]
+            out(f"[serve] FAILED: {e}\n{result['log_tail']}")
+            return result
+        out(f"[serve] router healthy after {result['start_s']:.1f} s")
+        tok = any(_uses_tokenizer(p) for p in sorted(folder.glob("replica*.yaml"))[:1])
+        result["steps"] = ask(base, tok, max_tokens, out)
+        result["ok"] = all(s["ok"] for s in result["steps"])
+        return result
+    finally:
+        kill_group(proc, grace_s=20)
+        result["wall_s"] = time.perf_counter() - t0
+        out(f"[serve] stopped the deployment (process group {proc.pid})")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(
         prog="python -m tunebook.serve", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("config", help="serve.yaml written by 05_assemble_config")
+    ap.add_argument(
+        "config",
+        help="serve.yaml written by 05_assemble_config, or the folder of a multi-replica deployment"
+        " (start.sh, replica<i>.yaml)",
+    )
     ap.add_argument(
         "--check",
         action="store_true",
@@ -395,6 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", default=None, help="server log file (--check)")
     args = ap.parse_args(argv)
     env = dict(e.split("=", 1) for e in args.env)
+    target = Path(args.config)
+    if target.is_dir() and (target / "start.sh").is_file():
+        if args.check:
+            res = check_start_script(target, port=args.port, timeout_s=args.timeout, env=env)
+            print(f"[serve] check {'passed' if res['ok'] else 'FAILED'}")
+            return 0 if res["ok"] else 1
+        os.environ.update(env, PORT=str(args.port or 8000))
+        os.execvp("bash", ["bash", str(target / "start.sh")])
+    if target.is_dir() and (target / "serve.yaml").is_file():
+        args.config = str(target / "serve.yaml")
     if not Path(args.config).is_file():
         print(f"tunebook.serve: error: no such file {args.config}", file=sys.stderr)
         return 2

@@ -295,11 +295,9 @@ class Deployment:
         for k, v in DEFAULT_DROPS.items():
             if kw.get(k) == v and k not in self.point.settings:
                 kw.pop(k)
-        if self.replicas > 1:
-            kw["gpu_memory_utilization"] = round(
-                kw.get("gpu_memory_utilization", 0.9) / self.replicas, 4
-            )
-        return kw
+        from .deployment import replica_engine_kwargs
+
+        return replica_engine_kwargs(kw, self.replicas)
 
     def server_argv(self, port: int) -> list[str]:
         from .assemble import cli_args

@@ -1,0 +1,260 @@
+"""Assembly's deployment choice from served capacity, and the files of an N-replica deployment.
+
+Notebook 04 measures configurations served as users are served (``vllm serve``, replicas behind
+vllm-router) by their capacity under the SLO. ``choose_deployment`` takes the best of them only
+if it beats vLLM's default beyond the noise (``metrics.compare``); otherwise the default stays.
+
+``deployment_files`` writes what a user runs: one ``vllm serve --config`` file per replica (its
+KV share and its share of ``gpu_memory_utilization``), and ``start.sh``, which starts every
+replica and vllm-router in front of them and stops them all when it ends.
+``python -m tunebook.serve <folder> --check`` runs that script as written and checks OpenAI
+completions and chat through the router.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+from .metrics import compare, spread
+from .results import SweepDir
+
+
+# --------------------------------------------------------------------------- the choice
+def capacity_sweeps(run_dir: str | Path) -> list[Path]:
+    """Sweep folders of a run whose points carry a capacity under the SLO (notebook 04's)."""
+    out = []
+    for summary in sorted(Path(run_dir).glob("*/*/summary.csv")):
+        head = summary.read_text().split("\n", 1)[0]
+        if "capacity_rps" in head.split(","):
+            out.append(summary.parent)
+    return out
+
+
+def _capacities(points: list[dict]) -> dict[str, dict]:
+    by: dict[str, dict] = {}
+    for p in points:
+        if p.get("status") != "ok":
+            continue
+        m = p.get("metrics") or {}
+        cfg = str(p.get("config"))
+        e = by.setdefault(
+            cfg, {"values": [], "settings": p.get("settings") or {}, "serve": p.get("serve") or {}}
+        )
+        cap = m.get("capacity_rps")
+        e["values"].append(float(cap) if cap is not None else 0.0)
+        e.setdefault("lower_bound", False)
+        if m.get("capacity_capped") or _client_limited(p):
+            e["lower_bound"] = True
+        e.setdefault("slo", m.get("slo"))
+        e.setdefault("workload", (p.get("workload") or {}).get("name"))
+    return by
+
+
+def _client_limited(point: dict) -> bool:
+    """True when the client fell behind its schedule at the first rate that broke the SLO: that
+    rate's failure may be the client's, so the capacity found is a lower bound."""
+    from .loadgen import LAG_OK_MS
+
+    m = point.get("metrics") or {}
+    fail = m.get("first_failing_rps")
+    for r in point.get("per_rate") or []:
+        if fail is not None and math.isclose(r.get("offered_rps") or 0, fail):
+            return (r.get("lag_p99_ms") or 0) > LAG_OK_MS
+    return False
+
+
+def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict | None:
+    """The deployment for served chat traffic, from the run's capacity evidence, or None.
+
+    Returns ``{status, config, settings, serve, replicas, capacity, vs_default, noise, reason,
+    evidence, ranking}``: ``status`` is ``changed`` when the best configuration's capacity beats
+    the reference's beyond the noise, else ``kept: ...`` with the reference's settings.
+    """
+    for folder in capacity_sweeps(run_dir):
+        by = _capacities(SweepDir(folder).points())
+        if reference not in by:
+            continue
+        ref = by[reference]
+        ranking = []
+        for cfg, e in by.items():
+            c = compare(ref["values"], e["values"])
+            ranking.append(
+                {
+                    "config": cfg,
+                    **{f"capacity_{k}": v for k, v in spread(e["values"]).items()},
+                    "vs_default": c["ratio"],
+                    "noise": c["noise"] if cfg != reference else "(reference)",
+                    "beyond_noise": cfg != reference and not c["within_noise"],
+                    "lower_bound": e["lower_bound"],
+                }
+            )
+        ranking.sort(key=lambda r: -(r["capacity_median"] or 0))
+        best = ranking[0]
+        winner = best["config"] != reference and best["beyond_noise"] and best["vs_default"] > 1
+        pick = by[best["config"]] if winner else ref
+        serve = {
+            k: v
+            for k, v in (pick["serve"] or {}).items()
+            if k in ("replicas", "router_policy", "api_server_count")
+        }
+        r0 = next(r for r in ranking if r["config"] == reference)
+        lb = " (a lower bound: the search stopped at its cap, or the client fell behind at the next rate)"
+        if winner:
+            reason = (
+                f"{best['config']} serves {best['vs_default']:.2f}x the default's capacity under the"
+                f" SLO ({best['capacity_median']:.3g} vs {r0['capacity_median']:.3g} req/s;"
+                f" {best['noise']})" + (lb if best["lower_bound"] else "")
+            )
+            status = "changed"
+        else:
+            reason = (
+                f"no configuration beats the default's capacity ({r0['capacity_median']:.3g} req/s)"
+                f" beyond the noise; best measured: {best['config']} at {best['vs_default']:.2f}x"
+                f" ({best['noise']})"
+            )
+            status = (
+                "kept: within noise" if best["config"] != reference else "kept: default is best"
+            )
+        return {
+            "status": status,
+            "config": best["config"] if winner else reference,
+            "settings": dict(pick["settings"]),
+            "serve": serve,
+            "replicas": int(serve.get("replicas", 1)),
+            "capacity_rps": best["capacity_median"] if winner else r0["capacity_median"],
+            "default_capacity_rps": r0["capacity_median"],
+            "vs_default": best["vs_default"] if winner else 1.0,
+            "noise": best["noise"] if winner else r0["noise"],
+            "slo": ref.get("slo"),
+            "workload": ref.get("workload"),
+            "reason": reason,
+            "evidence": str(folder),
+            "ranking": ranking,
+        }
+    return None
+
+
+# --------------------------------------------------------------------------- the files
+def replica_engine_kwargs(kwargs: dict, replicas: int) -> dict:
+    """One replica's EngineArgs: with several replicas on one device each asks vLLM for 1/N of
+    gpu_memory_utilization (vLLM checks at start that this much is free, also when
+    ``kv_cache_memory_bytes`` fixes the KV size)."""
+    kw = dict(kwargs)
+    if replicas > 1:
+        kw["gpu_memory_utilization"] = round(kw.get("gpu_memory_utilization", 0.9) / replicas, 4)
+    return kw
+
+
+def start_script(
+    choice: dict,
+    replicas: int,
+    router_policy: str,
+    env: dict | None,
+    base_port: int = 8001,
+    port: int = 8000,
+) -> str:
+    """start.sh: every replica in the background, vllm-router in front; all stop together."""
+    from .assemble import shell_script
+
+    workers = " ".join(f"http://127.0.0.1:$((BASE_PORT + {i}))" for i in range(replicas))
+    launch = (
+        'cd "$(dirname "$0")"\n'
+        f"PORT=${{PORT:-{port}}}              # the router: clients use http://<host>:$PORT/v1\n"
+        f"BASE_PORT=${{BASE_PORT:-{base_port}}}    # replica i listens on 127.0.0.1:$((BASE_PORT + i))\n"
+        "pids=()\n"
+        "# Stop every replica when the router ends (Ctrl-C, kill, or a failure).\n"
+        "trap 'kill \"${pids[@]}\" 2>/dev/null; wait' EXIT\n"
+        + "".join(
+            f"vllm serve --config replica{i}.yaml --host 127.0.0.1 --port $((BASE_PORT + {i})) &\n"
+            "pids+=($!)\n"
+            for i in range(replicas)
+        )
+        + "# The router waits for the replicas' /health before it serves (--worker-startup-timeout-secs).\n"
+        + 'vllm-router --host ${HOST:-127.0.0.1} --port "$PORT"'
+        + f" --policy {shlex.quote(router_policy)}"
+        + " --prometheus-port $((PORT + 1000)) --worker-startup-timeout-secs 1800"
+        + f" --worker-urls {workers}\n"
+    )
+    return shell_script(
+        choice,
+        env,
+        launch,
+        notes=(
+            f"{replicas} vllm serve replicas on this machine behind vllm-router ({router_policy});"
+            " each replica's file holds its KV share",
+            "ports: PORT=8000 BASE_PORT=8001 bash start.sh (replicas bind 127.0.0.1 only; HOST sets the router's)",
+        ),
+    )
+
+
+def deployment_files(
+    choice: dict,
+    kwargs: dict,
+    replicas: int,
+    router_policy: str = "round_robin",
+    env: dict | None = None,
+    served_model_name: str | None = None,
+) -> dict[str, str]:
+    """The text of replica<i>.yaml (one per replica), start.sh and deployment.json."""
+    import yaml
+
+    from .assemble import BIND_NOTE, _header, yaml_config
+
+    rkw = replica_engine_kwargs(kwargs, replicas)
+    files = {}
+    for i in range(replicas):
+        y = (
+            _header(choice)
+            + f"# replica {i} of {replicas}: started by start.sh (vllm serve --config replica{i}.yaml --port ...)\n"
+            + f"# {BIND_NOTE['yaml']}\n"
+            + yaml.safe_dump(yaml_config(rkw, served_model_name), sort_keys=False)
+        )
+        files[f"replica{i}.yaml"] = y
+    files["start.sh"] = start_script(choice, replicas, router_policy, env)
+    why = (choice.get("served_choice") or {}).get("reason")
+    if (
+        why
+    ):  # the header speaks of the setting-by-setting choice; this deployment has its own reason
+        for name in files:
+            files[name] = (
+                files[name].replace(
+                    "set -euo pipefail\n", f"# chosen: {why}\nset -euo pipefail\n", 1
+                )
+                if name.endswith(".sh")
+                else f"# chosen: {why}\n" + files[name]
+            )
+    files["deployment.json"] = (
+        json.dumps(
+            {
+                "replicas": replicas,
+                "router_policy": router_policy,
+                "replica_kwargs": rkw,
+                "files": sorted(files),
+                "start": "bash start.sh   (or: python -m tunebook.serve <this folder> --check)",
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    return files
+
+
+def write_deployment(out_dir: str | Path, *args, **kwargs) -> dict[str, Path]:
+    """Write ``deployment_files`` atomically into ``out_dir`` (start.sh executable)."""
+    import os
+
+    from .results import atomic_write_text
+
+    out = Path(out_dir)
+    paths = {}
+    for name, text in deployment_files(*args, **kwargs).items():
+        p = out / name
+        atomic_write_text(p, text)
+        if name.endswith(".sh"):
+            os.chmod(p, 0o755)
+        paths[name] = p
+    return paths
