@@ -16,11 +16,10 @@ import difflib
 import json
 import os
 import re
-import threading
 import time
 
 from .errors import ConfigError
-from .metrics import summarize
+from .metrics import GaugeSampler, summarize
 from .model import load_shape, resolve_model_dir
 from .points import Point
 from .workloads import Workload, make_workload
@@ -122,45 +121,6 @@ def metrics_snapshot() -> dict[str, float]:
         if isinstance(m, Counter | Gauge) and (m.name in COUNTERS or m.name in GAUGES):
             out[m.name] = out.get(m.name, 0.0) + float(m.value)
     return out
-
-
-class MetricsSampler(threading.Thread):
-    """Polls the engine's gauges while a workload runs: peak KV usage, queue depths, a timeline.
-
-    An optional ``on_sample`` callback receives each sample (the live view in Jupyter uses it).
-    """
-
-    def __init__(self, interval_s: float = 0.25, on_sample=None):
-        super().__init__(daemon=True)
-        self.interval_s, self.on_sample = interval_s, on_sample
-        self.samples: list[dict] = []
-        self._stop_event = threading.Event()
-        self._t0 = time.perf_counter()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval_s):
-            self.sample()
-
-    def sample(self) -> None:
-        try:
-            snap = metrics_snapshot()
-        except Exception:
-            return
-        s = {"t_s": time.perf_counter() - self._t0, **snap}
-        self.samples.append(s)
-        if self.on_sample:
-            self.on_sample(s)
-
-    def stop(self) -> dict:
-        self._stop_event.set()
-        self.join(timeout=5)
-        self.sample()
-        peak = lambda k: max((s.get(k, 0.0) for s in self.samples), default=0.0)  # noqa: E731
-        return {
-            "kv_cache_usage_peak_pct": 100.0 * peak("vllm:kv_cache_usage_perc"),
-            "num_requests_running_peak": peak("vllm:num_requests_running"),
-            "num_requests_waiting_peak": peak("vllm:num_requests_waiting"),
-        }
 
 
 def counter_delta(before: dict, after: dict) -> dict:
@@ -434,7 +394,7 @@ class Engine:
     def run(self, workload: Workload, record: bool = True) -> dict:
         """Run a workload once; return per-request records, summary metrics and counter deltas."""
         before = metrics_snapshot()
-        sampler = MetricsSampler(on_sample=self.on_sample)
+        sampler = GaugeSampler(metrics_snapshot, on_sample=self.on_sample)
         sampler.start()
         t0 = time.perf_counter()
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
+import time
 from collections.abc import Iterable, Sequence
 
 PERCENTILES = (50, 90, 99)
@@ -192,3 +194,46 @@ def noise_words(c: dict) -> str:
             f"within noise: ranges apart, but {starts} come apart by chance p={c['p_chance']:.2f}"
         )
     return f"within noise: ranges overlap over {starts}"
+
+
+# --------------------------------------------------------------------------- engine state over a run
+class GaugeSampler(threading.Thread):
+    """Polls ``snapshot()`` (vLLM's gauges and counters, in-process or scraped from /metrics)
+    while a workload runs: a timeline, and the peaks of KV use and queue depths.
+
+    An optional ``on_sample`` callback receives each sample (the live view in Jupyter uses it).
+    """
+
+    def __init__(self, snapshot, interval_s: float = 0.25, on_sample=None):
+        super().__init__(daemon=True)
+        self.snapshot, self.interval_s, self.on_sample = snapshot, interval_s, on_sample
+        self.samples: list[dict] = []
+        self._stop_event = threading.Event()
+        self._t0 = time.perf_counter()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        try:
+            snap = self.snapshot()
+        except Exception:  # noqa: BLE001 - a missed sample is not a failed run
+            return
+        if not snap:
+            return
+        s = {"t_s": time.perf_counter() - self._t0, **snap}
+        self.samples.append(s)
+        if self.on_sample:
+            self.on_sample(s)
+
+    def stop(self) -> dict:
+        self._stop_event.set()
+        self.join(timeout=10)
+        self.sample()
+        peak = lambda k: max((s.get(k, 0.0) for s in self.samples), default=0.0)  # noqa: E731
+        return {
+            "kv_cache_usage_peak_pct": 100.0 * peak("vllm:kv_cache_usage_perc"),
+            "num_requests_running_peak": peak("vllm:num_requests_running"),
+            "num_requests_waiting_peak": peak("vllm:num_requests_waiting"),
+        }

@@ -25,7 +25,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +34,7 @@ from .errors import ConfigError
 from .interrupt import phase
 from .isolation import kill_group, spawn
 from .loadgen import ClientRequest, LoadGenerator
-from .metrics import slo_text, summarize
+from .metrics import GaugeSampler, slo_text, summarize
 from .model import GIB, load_shape
 from .points import Point, Result
 from .workloads import Workload, make_workload
@@ -541,7 +540,7 @@ class Deployment:
     def run(self, wl: Workload, record: bool = True, on_sample=None) -> dict:
         """Send a workload on its schedule; return metrics, per-request records, the client check
         and the engine-state timeline (from /metrics)."""
-        sampler = _Scraper(self, on_sample)
+        sampler = GaugeSampler(self.scrape, 0.5, on_sample)
         before = self.scrape()
         sampler.start()
         t0 = time.perf_counter()
@@ -590,40 +589,6 @@ def _span_s(recs: list[dict]) -> float | None:
     if not sends or not ends:
         return None
     return max(max(ends) - min(sends), 1e-6)
-
-
-class _Scraper(threading.Thread):
-    """Polls the replicas' /metrics while a workload runs: peaks and a timeline."""
-
-    def __init__(self, dep: Deployment, on_sample=None, interval_s: float = 0.5):
-        super().__init__(daemon=True)
-        self.dep, self.on_sample, self.interval_s = dep, on_sample, interval_s
-        self.samples: list[dict] = []
-        self._stop_event = threading.Event()
-        self._t0 = time.perf_counter()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval_s):
-            self.sample()
-
-    def sample(self) -> None:
-        snap = self.dep.scrape()
-        if not snap:
-            return
-        s = {"t_s": time.perf_counter() - self._t0, **snap}
-        self.samples.append(s)
-        if self.on_sample:
-            self.on_sample(s)
-
-    def stop(self) -> dict:
-        self._stop_event.set()
-        self.join(timeout=10)
-        peak = lambda k: max((s.get(k, 0.0) for s in self.samples), default=0.0)  # noqa: E731
-        return {
-            "kv_cache_usage_peak_pct": 100.0 * peak("vllm:kv_cache_usage_perc"),
-            "num_requests_running_peak": peak("vllm:num_requests_running"),
-            "num_requests_waiting_peak": peak("vllm:num_requests_waiting"),
-        }
 
 
 # --------------------------------------------------------------------------- rates and capacity
