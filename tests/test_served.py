@@ -255,6 +255,42 @@ def test_sse_parsing():
     assert r["ttft_ms"] == pytest.approx(100) and r["tpot_ms"] is None
 
 
+# --------------------------------------------------------------------------- shared starts
+def test_workloads_make_points_config_major_within_each_repeat():
+    from tunebook.sweep import make_points
+
+    pts = make_points(
+        {"model": "m", "workload": {}},
+        {"a": {}, "b": {"settings": {"block_size": 32}}},
+        repeats=2,
+        workloads={"x": {"kind": "fixed"}, "y": {"kind": "fixed", "output_len": 4}},
+    )
+    assert [p["point_id"] for p in pts] == [
+        "a--x-r0", "a--y-r0", "b--x-r0", "b--y-r0", "a--x-r1", "a--y-r1", "b--x-r1", "b--y-r1",
+    ]  # fmt: skip
+    assert pts[1]["workload"] == {"kind": "fixed", "output_len": 4, "name": "y"}
+    assert pts[2]["settings"] == {"block_size": 32} and pts[2]["config"] == "b"
+    with pytest.raises(ConfigError, match="at least one workload"):
+        make_points({"model": "m"}, {"a": {}}, workloads={})
+
+
+def test_served_points_of_one_config_and_repeat_share_a_start_and_nothing_else():
+    from tunebook.sweep import make_points, served_groups
+
+    wls = {"x": {"kind": "fixed", "num_requests": 2}, "y": {"kind": "fixed", "num_requests": 3}}
+    base = point("unused")
+    pts = [Point.from_dict(p) for p in make_points(base, {"a": {}, "b": {}}, 2, wls)]
+    groups = served_groups(pts)
+    assert [[p.point_id for p in g] for g in groups] == [
+        ["a--x-r0", "a--y-r0"], ["b--x-r0", "b--y-r0"], ["a--x-r1", "a--y-r1"], ["b--x-r1", "b--y-r1"],
+    ]  # fmt: skip
+    # In-process points never share: each is its own engine start.
+    offline = [Point.from_dict({**p.to_dict(), "mode": "offline"}) for p in pts]
+    assert all(len(g) == 1 for g in served_groups(offline))
+    # A resumed sweep whose first point is done starts the rest of the group once.
+    assert [len(g) for g in served_groups(pts[1:])] == [1, 2, 2, 2]
+
+
 # --------------------------------------------------------------------------- real servers
 @pytest.mark.engine
 def test_capacity_search_on_one_engine_start(tmp_path):
@@ -275,6 +311,42 @@ def test_capacity_search_on_one_engine_start(tmp_path):
         assert res["capacity"]["engine_kv_tokens"] == 65536  # 32 MiB / 512 B per token
         assert res["env"]["server"] == "vllm serve" and res["env"]["replicas"] == 1
         assert (tmp_path / "logs" / "cap" / "replica0.log").is_file()
+    finally:
+        assert wait_gone() == []
+
+
+@pytest.mark.engine
+def test_one_deployment_start_serves_every_workload_of_a_configuration(tmp_path):
+    """A served sweep with two workloads and two configurations: one start per configuration,
+    each point written as it finishes, the second point naming the start it reused, and nothing
+    is left."""
+    from tunebook.sweep import make_points, run_sweep
+
+    wls = {
+        "short": {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_len": 4},
+        "long": {"kind": "fixed", "num_requests": 3, "prompt_len": 200, "output_len": 8},
+    }
+    pts = make_points(
+        point("unused"), {"a": {}, "b": {"settings": {**SETTINGS, "stream_interval": 4}}}, 1, wls
+    )
+    df = run_sweep(pts, tmp_path / "sw", progress=False)
+    try:
+        assert list(df["status"]) == ["ok"] * 4, df["error"].tolist()
+        from tunebook.results import SweepDir
+
+        res = {p["point_id"]: p for p in SweepDir(tmp_path / "sw").points()}
+        a0, a1 = res["a--short-r0"], res["a--long-r0"]
+        assert a0["seconds"]["engine_start"] > 0 and "engine_start" not in a1["seconds"]
+        assert a1["shared_start"] == "a--short-r0" and "shared_start" not in a0
+        assert "teardown" in a1["seconds"] and "teardown" not in a0["seconds"]
+        assert a0["engine_start_s"] == a1["engine_start_s"]
+        assert a0["workload"]["num_requests"] == 4 and a1["workload"]["num_requests"] == 3
+        assert a1["metrics"]["num_requests"] == 3
+        assert res["b--long-r0"]["shared_start"] == "b--short-r0"
+        assert sorted(p.name for p in (tmp_path / "sw" / "logs").iterdir()) == [
+            "a--short-r0",
+            "b--short-r0",
+        ]  # one deployment's logs per start
     finally:
         assert wait_gone() == []
 

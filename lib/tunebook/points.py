@@ -162,6 +162,7 @@ class Result:
     error: str | None = None
     traceback: str | None = None
     engine_start_s: float | None = None
+    shared_start: str | None = None  # served: the point whose deployment start this one reused
     seconds: dict | None = (
         None  # where the point's wall time went: start, warmup, measure, teardown
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata as md
+import json
 import math
 import os
 import shutil
@@ -666,6 +667,15 @@ PER_RATE_KEYS = (
 )
 
 
+def deployment_key(point: Point) -> str:
+    """What two served points must share to be measured on one deployment start: the engine,
+    the server, the configuration's name and which start (repeat) of it this is. Only the
+    workload (and its measurement) may differ."""
+    d = point.to_dict()
+    keys = ("model", "settings", "env", "serve", "seed", "trust_remote_code", "config", "repeat")
+    return json.dumps({k: d[k] for k in keys}, sort_keys=True, default=str)
+
+
 def execute_served(
     point: Point, wl: Workload, on_sample=None, log_dir: str | Path | None = None
 ) -> dict:
@@ -673,51 +683,103 @@ def execute_served(
     times), or every rate of ``rates`` / the capacity ``search``; always shut down."""
     import tempfile
 
-    tmp = None
-    if log_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="tunebook-served-")
-        log_dir = tmp.name
-    result = Result.skeleton(point, wl.summary())
-    seconds: dict[str, float] = {}
-    result.seconds = seconds
-    dep = Deployment(point, log_dir)
-    pid = point.point_id
-    try:
-        t = time.perf_counter()
-        phase("engine_start", pid)
-        dep.start()
-        result.engine_start_s = dep.start_s
-        result.capacity = dep.capacity()
-        result.env = dep.fingerprint()
-        seconds["engine_start"] = time.perf_counter() - t
-        t = time.perf_counter()
-        phase("warmup", pid)
-        dep.warmup(point.warmup_requests)
-        seconds["warmup"] = time.perf_counter() - t
-        t = time.perf_counter()
-        if point.rates or point.search is not None:
-            _measure_rates(point, dep, result, on_sample)
+    out: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        if log_dir is None:
+            log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tunebook-served-"))
+            execute_served_group([point], [wl], log_dir, out.append, on_sample)
+            out[0]["log_file"] = None
         else:
-            runs = []
-            for _ in range(point.repeats):
-                phase("measure", pid)
-                runs.append(dep.run(wl, on_sample=on_sample))
-            result.metrics = runs[-1]["metrics"]
-            result.repeat_metrics = [r["metrics"] for r in runs]
-            result.requests = runs[-1]["requests"]
-            result.timeline = runs[-1]["timeline"]
-        seconds["measure"] = time.perf_counter() - t
-        result.status = "ok"
-    except Exception as e:  # noqa: BLE001 - a failed deployment is this point's failure
-        result.error = f"{type(e).__name__}: {e}"[:4000]
-    finally:
+            execute_served_group([point], [wl], log_dir, out.append, on_sample)
+    return out[0]
+
+
+def execute_served_group(
+    points: list[Point],
+    workloads: list[Workload],
+    log_dir: str | Path,
+    on_result,
+    on_sample=None,
+    on_begin=None,
+) -> None:
+    """Served points of one configuration and one engine start (``deployment_key`` equal), on
+    one deployment: start and warm up once, measure each point's workload in turn, shut down.
+
+    Each result goes to ``on_result`` as soon as it is measured (the last one after the
+    shutdown, so that it carries the teardown seconds). The first point's result carries the
+    start and warm-up seconds; the others name it in ``shared_start``. A start that fails fails
+    every point of the group with its error; a replica that dies fails the points still to run.
+    ``on_begin(point_id)`` is called as each point's measurement begins.
+    """
+    first = points[0]
+    t0 = time.perf_counter()
+    seconds0: dict[str, float] = {}
+    dep = None
+    error = None
+    try:
+        dep = Deployment(first, log_dir)
         t = time.perf_counter()
-        dep.shutdown()
-        seconds["teardown"] = time.perf_counter() - t
-        result.log_file = str(Path(log_dir) / "replica0.log") if tmp is None else None
-        if tmp is not None:
-            tmp.cleanup()
-    return result.to_dict()
+        phase("engine_start", first.point_id)
+        dep.start()
+        seconds0["engine_start"] = time.perf_counter() - t
+        t = time.perf_counter()
+        phase("warmup", first.point_id)
+        dep.warmup(first.warmup_requests)
+        seconds0["warmup"] = time.perf_counter() - t
+    except Exception as e:  # noqa: BLE001 - a failed deployment is its points' failure
+        error = f"{type(e).__name__}: {e}"[:4000]
+    try:
+        for i, (point, wl) in enumerate(zip(points, workloads, strict=True)):
+            t_point = time.perf_counter() if i else t0
+            if on_begin is not None:
+                on_begin(point.point_id)
+            result = Result.skeleton(point, wl.summary())
+            result.seconds = dict(seconds0) if i == 0 else {}
+            if i:
+                result.shared_start = first.point_id
+            if dep is not None and dep.start_s is not None:
+                result.engine_start_s = dep.start_s
+                result.capacity = dep.capacity()
+                result.env = dep.fingerprint()
+            if error is None and dep is not None and dep.alive():
+                error = f"replica {dep.alive()[0]} had died before {point.point_id} began"
+            if error is not None:
+                result.error = error if i == 0 else f"{error} (deployment of {first.point_id})"
+            else:
+                try:
+                    t = time.perf_counter()
+                    _measure(point, dep, wl, result, on_sample)
+                    result.seconds["measure"] = time.perf_counter() - t
+                    result.status = "ok"
+                except Exception as e:  # noqa: BLE001
+                    result.error = f"{type(e).__name__}: {e}"[:4000]
+                    if dep.alive():  # the deployment is gone: the rest cannot run on it
+                        error = result.error
+            if i == len(points) - 1 and dep is not None:
+                t = time.perf_counter()
+                dep.shutdown()
+                result.seconds["teardown"] = time.perf_counter() - t
+            result.log_file = str(Path(log_dir) / "replica0.log")
+            result.wall_s = time.perf_counter() - t_point
+            on_result(result.to_dict())
+    finally:
+        if dep is not None:
+            dep.shutdown()
+
+
+def _measure(point: Point, dep: Deployment, wl: Workload, result: Result, on_sample) -> None:
+    """One point's measurement on a started deployment: its rates, or ``repeats`` runs."""
+    if point.rates or point.search is not None:
+        _measure_rates(point, dep, result, on_sample)
+        return
+    runs = []
+    for _ in range(point.repeats):
+        phase("measure", point.point_id)
+        runs.append(dep.run(wl, on_sample=on_sample))
+    result.metrics = runs[-1]["metrics"]
+    result.repeat_metrics = [r["metrics"] for r in runs]
+    result.requests = runs[-1]["requests"]
+    result.timeline = runs[-1]["timeline"]
 
 
 def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> None:

@@ -25,24 +25,34 @@ def make_points(
     base: dict,
     configs: dict[str, dict],
     repeats: int = 1,
+    workloads: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Points for named configurations, repeats interleaved: A-r0 B-r0 A-r1 B-r1 ...
 
     ``base`` holds what every point shares (model, workload, mode, sampling ...); each config's
     dict is merged over it, with ``settings`` merged key by key. Each point is its own engine
     start, so repeats also span engine instances (the dominant noise on a shared GPU).
+
+    ``workloads`` (name -> spec) gives each configuration several workloads, in order within
+    each repeat: A/x-r0 A/y-r0 B/x-r0 B/y-r0 A/x-r1 ... Served points of one configuration and
+    repeat then share one deployment start (``run_sweep``); point ids read ``<config>--<name>-r<i>``.
     """
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}", key="repeats")
+    if workloads is not None and not workloads:
+        raise ConfigError("workloads must name at least one workload", key="workloads")
+    named = workloads.items() if workloads else [(None, None)]
     points = []
-    for r, (name, cfg) in itertools.product(range(repeats), configs.items()):
+    for r, (name, cfg), (wl_name, wl) in itertools.product(range(repeats), configs.items(), named):
         p = copy.deepcopy(base)
         cfg = copy.deepcopy(cfg)
         p["settings"] = {**(p.get("settings") or {}), **cfg.pop("settings", {})}
         p.update(cfg)
         p["config"] = name
         p["repeat"] = r
-        p["point_id"] = point_id(name, r)
+        p["point_id"] = point_id(name if wl_name is None else f"{name}--{wl_name}", r)
+        if wl_name is not None:
+            p["workload"] = {**copy.deepcopy(wl), "name": wl_name}
         points.append(p)
     return points
 
@@ -186,14 +196,53 @@ def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
 
         panel = LivePanel(desc, total=len(todo))
     try:
-        for p in todo:
+        for group in served_groups(todo):
+            p = group[0]
             phase("between", p.point_id)
             log_path = logs / f"{p.point_id}.log"
-            if panel is None:
-                result = run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path)
+            if len(group) > 1:
+                _run_group(group, logs / p.point_id, finish, panel)
+            elif panel is None:
+                finish(run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path))
             else:
-                result = _run_point_live(p, panel, isolate, timeout_s, log_path)
-            finish(result)
+                finish(_run_point_live(p, panel, isolate, timeout_s, log_path))
     finally:
         if panel is not None:
             panel.close()
+
+
+def served_groups(points: list) -> list[list]:
+    """Consecutive served points that can share one deployment start (``served.deployment_key``:
+    same configuration, same repeat, only the workload differs); every other point alone."""
+    from .served import deployment_key
+
+    groups: list[list] = []
+    last = None
+    for p in points:
+        key = deployment_key(p) if p.mode == "served" else None
+        if key is not None and key == last:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+        last = key
+    return groups
+
+
+def _run_group(group: list, log_dir: Path, finish, panel) -> None:
+    """Served points on one deployment start, each result written as soon as it is measured."""
+    from .engine import workload_of
+    from .served import execute_served_group
+
+    def done(result: dict) -> None:
+        if panel is not None:
+            panel.end_point(result)
+        finish(result)
+
+    execute_served_group(
+        group,
+        [workload_of(p) for p in group],
+        log_dir,
+        done,
+        on_sample=panel.update if panel is not None else None,
+        on_begin=panel.start_point if panel is not None else None,
+    )

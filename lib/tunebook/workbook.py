@@ -45,7 +45,12 @@ class Workbook:
         return self.root / safe_name(name, "sweep name")
 
     def points(
-        self, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra
+        self,
+        configs: dict[str, dict],
+        workload: dict,
+        repeats: int = 1,
+        workloads: dict[str, dict] | None = None,
+        **extra,
     ) -> list[dict]:
         base = {
             "model": self.model,
@@ -54,11 +59,22 @@ class Workbook:
             "workload": workload,
             **extra,
         }
-        return make_points(base, configs, repeats)
+        return make_points(base, configs, repeats, workloads)
 
-    def sweep(self, name: str, configs: dict[str, dict], workload: dict, repeats: int = 1, **extra):
-        """Run (or resume) a sweep and return its DataFrame; failed points are rows with an error."""
-        pts = self.points(configs, workload, repeats, **extra)
+    def sweep(
+        self,
+        name: str,
+        configs: dict[str, dict],
+        workload: dict | None,
+        repeats: int = 1,
+        workloads: dict[str, dict] | None = None,
+        **extra,
+    ):
+        """Run (or resume) a sweep and return its DataFrame; failed points are rows with an error.
+
+        ``workloads`` (name -> spec, instead of one ``workload``): every configuration runs each
+        of them in turn; in served mode on one deployment start per configuration and repeat."""
+        pts = self.points(configs, workload or {}, repeats, workloads, **extra)
         sd = SweepDir(self.sweep_dir(name))
         done = sum(1 for p in pts if p.get("point_id") and _done(sd, p["point_id"]))
         self._progress({"event": "start", "sweep": name, "points": len(pts), "done": done})
