@@ -66,8 +66,9 @@ repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
 article_settings: dict = {"gpu_memory_utilization": 0.85, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16, "enable_prefix_caching": True, "max_paddings": 128, "scheduler_policy": "hybrid"}  # the article's configuration as written, nonexistent settings included
 workloads: dict = {"short_chat": {"kind": "uniform", "num_requests": 16, "min_prompt_len": 16, "max_prompt_len": 64, "output_len": 16, "seed": 1}, "medium": {"kind": "uniform", "num_requests": 8, "min_prompt_len": 256, "max_prompt_len": 512, "output_len": 16, "seed": 2}, "long": {"kind": "uniform", "num_requests": 4, "min_prompt_len": 1024, "max_prompt_len": 1536, "output_len": 16, "seed": 3}}  # name -> workload spec; one sweep each
-mode: str = "offline"  # "offline" (LLM.generate, all requests at once) or "online" (AsyncLLM, streamed, client-side TTFT)
-max_concurrency: int = 0  # online mode: requests in flight at most (0: no cap)
+mode: str = "offline"  # "offline" (LLM.generate, all requests at once), "online" (AsyncLLM, streamed, client-side TTFT) or "served" (vllm serve over HTTP)
+max_concurrency: int = 0  # online and served modes: requests in flight at most (0: no cap)
+compare_mode: str = ""  # run the default once more in this mode, shown beside `mode` ("": no)
 sampling: dict = {"temperature": 0.0}  # SamplingParams for every request (greedy; the article used temperature 0.7, top_p 0.9)
 concurrent_workload: dict = {"kind": "fixed", "num_requests": 100, "prompt_len": 128, "output_len": 8, "seed": 4}  # C6: this many requests in flight at once, both configurations
 concurrent_repeats: int = 1  # engine starts per configuration for the concurrent run
@@ -131,21 +132,40 @@ print(pd.DataFrame(article_changes).to_string(index=False) if article_changes el
 # %% [markdown]
 # ## Measurements
 #
-# One sweep per workload: both configurations, `repeats` engine starts each, interleaved.
+# One sweep per workload: both configurations, `repeats` engine starts each, interleaved. Served
+# (`mode="served"`): one sweep, in which each deployment start serves every workload in turn,
+# the 100-requests-at-once run of C6 below included.
 
 # %%
 frames = {}
-for name, spec in workloads.items():
+if mode == "served":
     wb.sweep(
-        f"baseline_{name}",
+        "baseline_served",
         configs,
-        spec,
+        None,
         repeats,
+        workloads={**workloads, "concurrent": concurrent_workload},
+        point_overrides={name: {"max_concurrency": cap} for name in workloads},
         mode=mode,
         sampling=sampling,
-        max_concurrency=cap,
     )
-    frames[name] = bl.points_frame(wb.results(f"baseline_{name}"))
+    served_points = wb.results("baseline_served")
+    for name in workloads:
+        frames[name] = bl.points_frame(
+            [r for r in served_points if r["workload"].get("name") == name]
+        )
+else:
+    for name, spec in workloads.items():
+        wb.sweep(
+            f"baseline_{name}",
+            configs,
+            spec,
+            repeats,
+            mode=mode,
+            sampling=sampling,
+            max_concurrency=cap,
+        )
+        frames[name] = bl.points_frame(wb.results(f"baseline_{name}"))
 failed = {n: df.loc[df["status"] != "ok", ["point_id", "error"]] for n, df in frames.items()}
 for n, f in failed.items():
     if len(f):
@@ -167,6 +187,29 @@ print(bl.effective_settings(frames).to_string())
 # %%
 table = bl.side_by_side(frames, "default", "article")
 table
+
+# %% [markdown]
+# The default in two modes, side by side (`compare_mode`): the same workloads, in-process
+# against served, for instance. Served adds the server's front end (HTTP, one SSE chunk per
+# token, one API-server process): for a small model that gap is a finding in itself.
+
+# %%
+if compare_mode and compare_mode != mode:
+    other = {}
+    for name, spec in workloads.items():
+        wb.sweep(
+            f"baseline_{name}_{compare_mode}",
+            {"default": {}},
+            spec,
+            1,
+            mode=compare_mode,
+            sampling=sampling,
+            max_concurrency=cap,
+        )
+        other[name] = bl.points_frame(wb.results(f"baseline_{name}_{compare_mode}"))
+    display(bl.modes_side_by_side(frames, other, mode, compare_mode))
+else:
+    print("no second mode asked for (compare_mode is empty)")
 
 # %%
 allf = pd.concat([bl.add_derived(df) for df in frames.values()], ignore_index=True)
@@ -203,16 +246,22 @@ print(
 )
 
 # %%
-wb.sweep(
-    "concurrent",
-    configs,
-    concurrent_workload,
-    concurrent_repeats,
-    mode=mode,
-    sampling=sampling,
-    max_concurrency=None,
-)
-conc = bl.points_frame(wb.results("concurrent"))
+if mode == "served":  # measured above, on the same deployment starts as the workloads
+    conc_sweep = "baseline_served"
+    conc_results = [r for r in served_points if r["workload"].get("name") == "concurrent"]
+else:
+    conc_sweep = "concurrent"
+    wb.sweep(
+        "concurrent",
+        configs,
+        concurrent_workload,
+        concurrent_repeats,
+        mode=mode,
+        sampling=sampling,
+        max_concurrency=None,
+    )
+    conc_results = wb.results("concurrent")
+conc = bl.points_frame(conc_results)
 
 
 def predicted_pct(row):
@@ -243,7 +292,7 @@ conc_view[[c for c in cols if c in conc_view]]
 # the number of running and waiting requests.
 
 # %%
-for r in wb.results("concurrent"):
+for r in conc_results:
     if r.get("status") == "ok" and r.get("repeat") == 0 and r.get("timeline"):
         plots.timeline(
             r["timeline"],
@@ -261,7 +310,9 @@ v_c1 = bl.c1_verdict(
     frames,
     platform,
     repeats,
-    evidence=str(wb.sweep_dir(f"baseline_{next(iter(frames))}")),
+    evidence=str(
+        wb.sweep_dir("baseline_served" if mode == "served" else f"baseline_{next(iter(frames))}")
+    ),
     vllm_version=engine.vllm_version(),
     card_gib=article_card_gib,
 )
@@ -274,7 +325,7 @@ v_c6 = bl.c6_verdict(
     conc,
     concurrent_workload["num_requests"],
     frames,
-    evidence=str(wb.sweep_dir("concurrent")),
+    evidence=str(wb.sweep_dir(conc_sweep)),
     platform=platform,
 )
 print(claims.describe(v_c6))

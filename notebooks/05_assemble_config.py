@@ -81,7 +81,10 @@ slo_tpot_ms: float = 200.0  # SLO: median time per output token, ms (per request
 validate: bool = True  # run the side-by-side validation (the only engine use in this notebook)
 validate_saved_only: bool = False  # report the validation points already saved, start no engine (a run cut short)
 validation_workload: dict = {}  # keys merged over the scenario's validation workload, e.g. {"num_requests": 16}
-validation_mode: str = "offline"  # "offline" (LLM.generate, all at once) or "online" (AsyncLLM, streamed)
+validation_mode: str = "offline"  # "offline" (LLM.generate, all at once), "online" (AsyncLLM, streamed) or "served" (vllm serve over HTTP)
+validation_configs: list = ["chosen", "default", "article"]  # configurations validated side by side ("default" always)
+server_env: dict = {}  # served validation: environment of every vllm serve process
+client_workers: int = 1  # served validation: load-generator processes
 also_validate: dict = {}  # more scenarios, each validated side by side too: name -> overrides of its workload
 claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
 card_sizes_gib: list = [8, 12, 16, 24, 48, 80, 141]  # device memory of cards for the C13 arithmetic, GiB
@@ -109,8 +112,15 @@ if unknown:
     raise ValueError(
         f"also_validate: scenario(s) {unknown} unknown; choose from {', '.join(assemble.SCENARIOS)}"
     )
-if validation_mode not in ("offline", "online"):
-    raise ValueError(f"validation_mode must be 'offline' or 'online', got {validation_mode!r}")
+if validation_mode not in ("offline", "online", "served"):
+    raise ValueError(
+        f"validation_mode must be 'offline', 'online' or 'served', got {validation_mode!r}"
+    )
+bad_configs = sorted(set(validation_configs) - {"chosen", "default", "article"})
+if bad_configs:
+    raise ValueError(
+        f"validation_configs: {bad_configs} unknown; choose from chosen, default, article"
+    )
 slo = {"ttft_ms": float(slo_ttft_ms), "tpot_ms": float(slo_tpot_ms)}
 out_dir = Path(run_dir) / "05_assemble_config"
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -288,6 +298,11 @@ else:
 # engine start per point, repeats interleaved. The article's configuration is the one the
 # installed vLLM can run: its nonexistent settings dropped (C9) and, on CPU, block size 32 for 16.
 # When nothing was changed, "chosen" equals "default" and the pair measures the noise itself.
+#
+# With `validation_mode="served"` the configurations are served as users are served (`vllm
+# serve`, streamed over HTTP), and "chosen" is the deployment written above (its replicas behind
+# vllm-router included). One deployment start per configuration and repeat serves every
+# scenario's workload in turn, so the scenarios below cost no further starts.
 
 # %%
 article, article_notes = assemble.article_settings(platform)
@@ -300,13 +315,17 @@ configs = {
     "default": {},
     "article": {"settings": article},
 }
+configs = {k: v for k, v in configs.items() if k in validation_configs or k == "default"}
 sweep_name = f"validate-{sc.name}-{assemble.config_hash([configs, workload, validation_mode, slo, engine_settings])}"
 print("workload:", workload)
-print("sweep:", sweep_name)
+if validation_mode != "served":
+    print("sweep:", sweep_name)
 
 
 # %%
-def run_validation(name: str, configs: dict, workload: dict) -> pd.DataFrame:
+def run_validation(
+    name: str, configs: dict, workload: dict | None, workloads: dict | None = None
+) -> pd.DataFrame:
     """One side-by-side sweep (or its saved points, with validate_saved_only)."""
     if not validate:
         print("validation skipped (validate=False)")
@@ -321,8 +340,17 @@ def run_validation(name: str, configs: dict, workload: dict) -> pd.DataFrame:
         run_dir, "05_assemble_config", model, engine_settings, engine_env, isolate=isolate
     )
     t0 = time.perf_counter()
+    served = {"env": dict(server_env)} if validation_mode == "served" else {}
     val = wb.sweep(
-        name, configs, workload, repeats=repeats, mode=validation_mode, slo=slo, warmup_requests=2
+        name,
+        configs,
+        workload,
+        repeats=repeats,
+        workloads=workloads,
+        mode=validation_mode,
+        slo=slo,
+        warmup_requests=2,
+        **served,
     )
     print(f"validation: {len(val)} points in {time.perf_counter() - t0:.0f} s")
     failed = val[val["status"] != "ok"] if len(val) else val
@@ -331,7 +359,22 @@ def run_validation(name: str, configs: dict, workload: dict) -> pd.DataFrame:
     return val
 
 
-val = run_validation(sweep_name, configs, workload)
+served_val = None
+if validation_mode == "served":
+    served_configs = deployment.validation_configs(
+        choice, served_choice, article, validation_configs, client_workers
+    )
+    served_workloads = {sc.name: workload} | {
+        name: {**assemble.SCENARIOS[name].workload, **overrides}
+        for name, overrides in also_validate.items()
+    }
+    served_sweep = f"validate-served-{assemble.config_hash([served_configs, served_workloads, slo, engine_settings, server_env])}"
+    print("served validation:", {k: v.get("serve") for k, v in served_configs.items()})
+    print("sweep:", served_sweep, "- scenarios:", ", ".join(served_workloads))
+    served_val = run_validation(served_sweep, served_configs, None, served_workloads)
+    val = served_val[served_val["workload"] == sc.name] if len(served_val) else served_val
+else:
+    val = run_validation(sweep_name, configs, workload)
 
 # %% [markdown]
 # Medians, min-max over engine starts, and each configuration's ratio to vLLM's default; "within
@@ -367,6 +410,9 @@ for i, (name, overrides) in enumerate(also_validate.items(), 1):
     other_scenario = assemble.SCENARIOS[name]
     other_choice = assemble.choose(sweeps, name, slo, engine_settings)
     other_configs = {"default": {}, "article": {"settings": article}}
+    other_configs = {
+        k: v for k, v in other_configs.items() if k in validation_configs or k == "default"
+    }
     if other_choice["changed"]:
         other_configs = {"chosen": {"settings": dict(other_choice["changed"])}, **other_configs}
     other_workload = {**other_scenario.workload, **overrides}
@@ -374,8 +420,12 @@ for i, (name, overrides) in enumerate(also_validate.items(), 1):
     print(
         f"{name} ({other_scenario.describe()}): chosen = {other_choice['changed'] or 'vLLM default'}"
     )
-    print(f"  workload: {other_workload}; sweep: {other_sweep}")
-    other_points = run_validation(other_sweep, other_configs, other_workload)
+    shown = other_sweep if validation_mode != "served" else "the served validation above"
+    print(f"  workload: {other_workload}; sweep: {shown}")
+    if served_val is not None:  # measured above, on the same deployment starts
+        other_points = served_val[served_val["workload"] == name] if len(served_val) else served_val
+    else:
+        other_points = run_validation(other_sweep, other_configs, other_workload)
     if not (len(other_points) and (other_points["status"] == "ok").any()):
         continue
     other_validation = assemble.validation_table(other_points, reference="default")

@@ -246,6 +246,25 @@ def test_client_times_requests_as_bench_serve_does():
     assert not meets_slo(bad[0], {"ttft_ms": 1e9})
 
 
+def test_max_concurrency_caps_requests_in_flight():
+    """Six requests due at once, at most two in flight (one per worker): they go in three waves,
+    each sent as a slot frees, so the send lag stays small (the cap is not the client lagging)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSSE)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    reqs = [ClientRequest(i, [5, 6, 7], 5, 0.0, 3) for i in range(6)]
+    try:
+        with LoadGenerator(workers=2) as lg:
+            recs, _ = lg.run(url, "m", reqs, max_concurrency=2)
+    finally:
+        srv.shutdown()
+    spans = sorted((r["sent_s"], r["sent_s"] + r["e2e_ms"] / 1e3) for r in recs)
+    in_flight = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+    assert in_flight == 2, spans
+    assert spans[-1][0] > 0.1  # the last wave waited for two earlier ones (4 chunks x 20 ms each)
+    assert all(r["lag_ms"] < 50 for r in recs)
+
+
 def test_sse_parsing():
     assert parse_event(b"data: [DONE]") is None and parse_event(b": keep-alive") is None
     assert parse_event(b'data: {"a": 1}\n') == {"a": 1}
@@ -272,6 +291,12 @@ def test_workloads_make_points_config_major_within_each_repeat():
     assert pts[2]["settings"] == {"block_size": 32} and pts[2]["config"] == "b"
     with pytest.raises(ConfigError, match="at least one workload"):
         make_points({"model": "m"}, {"a": {}}, workloads={})
+    capped = make_points(
+        {"model": "m"}, {"a": {}}, 1, {"x": {}, "y": {}}, {"x": {"max_concurrency": 8}}
+    )
+    assert capped[0]["max_concurrency"] == 8 and "max_concurrency" not in capped[1]
+    with pytest.raises(ConfigError, match="not workloads"):
+        make_points({"model": "m"}, {"a": {}}, 1, {"x": {}}, {"z": {}})
 
 
 def test_served_points_of_one_config_and_repeat_share_a_start_and_nothing_else():

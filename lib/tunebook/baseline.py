@@ -211,6 +211,21 @@ def side_by_side(frames: dict, a: str, b: str, metrics=BASELINE_METRICS):
     return pd.DataFrame(rows)
 
 
+def modes_side_by_side(frames: dict, other: dict, mode: str, other_mode: str):
+    """The default configuration in two modes: ``side_by_side`` with the modes as the columns
+    (ratio ``mode``/``other_mode``), from each mode's per-workload frames."""
+    import pandas as pd
+
+    both = {}
+    for wl in frames:
+        if wl not in other:
+            continue
+        a = frames[wl][frames[wl]["config"] == "default"].assign(config=mode)
+        b = other[wl][other[wl]["config"] == "default"].assign(config=other_mode)
+        both[wl] = pd.concat([b, a], ignore_index=True)
+    return side_by_side(both, other_mode, mode)
+
+
 def comparison(frames: dict, a: str, b: str, col: str) -> dict:
     """metrics.compare of one column between configs, per workload: {workload: compare(...)}."""
     out = {}

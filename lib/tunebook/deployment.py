@@ -18,6 +18,7 @@ import math
 import shlex
 from pathlib import Path
 
+from .errors import ConfigError
 from .metrics import compare, spread
 from .results import SweepDir
 
@@ -258,3 +259,37 @@ def write_deployment(out_dir: str | Path, *args, **kwargs) -> dict[str, Path]:
             os.chmod(p, 0o755)
         paths[name] = p
     return paths
+
+
+def validation_configs(
+    choice: dict,
+    served_choice: dict | None,
+    article: dict,
+    names: list[str],
+    client_workers: int = 1,
+) -> dict[str, dict]:
+    """Configurations for assembly's served validation, as sweep configs.
+
+    "chosen" is the deployment written: the in-process choice's settings with the served choice's
+    settings, replicas and router when it changed anything; "default" is ``vllm serve`` with
+    vLLM's defaults; "article" the article's settings as run here. ``names`` picks among them
+    ("default", the reference, is always measured).
+    """
+    known = ("chosen", "default", "article")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            f"validation_configs: {unknown} unknown; choose from {', '.join(known)}",
+            key="validation_configs",
+        )
+    common = {"client_workers": int(client_workers)}
+    chosen = {"settings": dict(choice["changed"]), "serve": dict(common)}
+    if served_choice and served_choice.get("status") == "changed":
+        chosen["settings"].update(served_choice["settings"])
+        chosen["serve"].update(served_choice["serve"])
+    configs = {
+        "chosen": chosen,
+        "default": {"serve": dict(common)},
+        "article": {"settings": dict(article), "serve": dict(common)},
+    }
+    return {k: v for k, v in configs.items() if k in names or k == "default"}

@@ -106,6 +106,7 @@ async def _send_all(
     reqs: list[ClientRequest],
     start_wall: float,
     timeout_s: float,
+    max_concurrency: int | None = None,
 ) -> list[dict]:
     import aiohttp
 
@@ -115,10 +116,18 @@ async def _send_all(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+        # As `vllm bench serve --max-concurrency`: a request waits for a free slot, then is sent.
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
         async def one(req: ClientRequest) -> dict:
             due = t0 + req.arrival_s
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            if slots is None:
+                return await send(req, due)
+            async with slots:  # the lag counts from when the slot freed, not from the schedule
+                return await send(req, max(due, time.perf_counter()))
+
+        async def send(req: ClientRequest, due: float) -> dict:
             sent = time.perf_counter()
             stamps: list[float] = []
             usage = None
@@ -148,9 +157,9 @@ async def _send_all(
 
 def _worker(args: tuple) -> tuple[list[dict], dict]:
     """One client's share: send it on the schedule; return records and the client's own costs."""
-    url, model, api, sampling, reqs, start_wall, timeout_s = args
+    url, model, api, sampling, reqs, start_wall, timeout_s, cap = args
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    records = asyncio.run(_send_all(url, model, api, sampling, reqs, start_wall, timeout_s))
+    records = asyncio.run(_send_all(url, model, api, sampling, reqs, start_wall, timeout_s, cap))
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     return records, {"pid": os.getpid(), "cpu_s": cpu, "wall_s": wall, "requests": len(reqs)}
@@ -175,6 +184,7 @@ def _serve_jobs() -> None:
                     reqs,
                     job["start_wall"],
                     job["timeout_s"],
+                    job.get("max_concurrency"),
                 )
             )
             answer = {"records": records, "costs": costs}
@@ -219,9 +229,14 @@ class LoadGenerator:
         api: str = "completions",
         sampling: dict | None = None,
         timeout_s: float = 600.0,
+        max_concurrency: int | None = None,
     ) -> tuple[list[dict], dict]:
-        """Send ``requests`` on their schedule; return (records in request order, client check)."""
+        """Send ``requests`` on their schedule; return (records in request order, client check).
+
+        ``max_concurrency`` caps the requests in flight (split evenly over the workers)."""
         shares = [requests[i :: self.workers] for i in range(self.workers)]
+        n_busy = sum(1 for s in shares if s)
+        cap = math.ceil(max_concurrency / n_busy) if max_concurrency and n_busy else None
         start_wall = time.time() + LEAD_S + 0.05 * self.workers
         busy = []
         for proc, share in zip(self._procs, shares, strict=True):
@@ -235,6 +250,7 @@ class LoadGenerator:
                 "requests": [asdict(r) for r in share],
                 "start_wall": start_wall,
                 "timeout_s": timeout_s,
+                "max_concurrency": cap,
             }
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()

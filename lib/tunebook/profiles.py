@@ -340,7 +340,15 @@ VALUE_CHECKS = {
     "pressure_workload": (_workload, False),
     "prefix_workload": (_workload, False),
     "mode": (_choice(_modes), False),
-    "validation_mode": (_choice(lambda: ["offline", "online"]), False),
+    "validation_mode": (_choice(_modes), False),
+    "compare_mode": (_choice(lambda: ["", *_modes()]), False),
+    "validation_configs": (
+        lambda k, v, p, s: [
+            _choice(lambda: ["chosen", "default", "article"])(k, x, p, s) for x in v
+        ],
+        False,
+    ),
+    "server_env": (_env, False),
     "scenario": (_choice(_scenarios), False),
     "also_validate": (_also_validate, False),
     "max_num_batched_tokens_values": (_positive_ints, False),

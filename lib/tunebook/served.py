@@ -452,6 +452,7 @@ class Deployment:
             "kv_tokens_per_replica": tokens,
             "engine_kv_tokens": sum(t for t in tokens if t) if all(tokens) else None,
         }
+        out["kv_capacity_tokens"] = out["engine_kv_tokens"]  # the deployment's, as in-process
         kw = self.replica_kwargs()
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization"):
             if k in kw:
@@ -553,6 +554,7 @@ class Deployment:
                 api=self.api,
                 sampling=self.point.sampling_kwargs(),
                 timeout_s=self.request_timeout_s,
+                max_concurrency=self.point.max_concurrency,
             )
         finally:
             dur = time.perf_counter() - t0

@@ -26,6 +26,7 @@ def make_points(
     configs: dict[str, dict],
     repeats: int = 1,
     workloads: dict[str, dict] | None = None,
+    point_overrides: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Points for named configurations, repeats interleaved: A-r0 B-r0 A-r1 B-r1 ...
 
@@ -36,11 +37,16 @@ def make_points(
     ``workloads`` (name -> spec) gives each configuration several workloads, in order within
     each repeat: A/x-r0 A/y-r0 B/x-r0 B/y-r0 A/x-r1 ... Served points of one configuration and
     repeat then share one deployment start (``run_sweep``); point ids read ``<config>--<name>-r<i>``.
+    ``point_overrides`` (name -> point keys) sets client-side keys per workload, such as
+    ``max_concurrency``.
     """
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}", key="repeats")
     if workloads is not None and not workloads:
         raise ConfigError("workloads must name at least one workload", key="workloads")
+    unknown = sorted(set(point_overrides or {}) - set(workloads or {}))
+    if unknown:
+        raise ConfigError(f"point_overrides: {unknown} are not workloads", key="point_overrides")
     named = workloads.items() if workloads else [(None, None)]
     points = []
     for r, (name, cfg), (wl_name, wl) in itertools.product(range(repeats), configs.items(), named):
@@ -53,6 +59,7 @@ def make_points(
         p["point_id"] = point_id(name if wl_name is None else f"{name}--{wl_name}", r)
         if wl_name is not None:
             p["workload"] = {**copy.deepcopy(wl), "name": wl_name}
+            p.update(copy.deepcopy((point_overrides or {}).get(wl_name, {})))
         points.append(p)
     return points
 

@@ -50,6 +50,7 @@ class Workbook:
         workload: dict,
         repeats: int = 1,
         workloads: dict[str, dict] | None = None,
+        point_overrides: dict[str, dict] | None = None,
         **extra,
     ) -> list[dict]:
         base = {
@@ -59,7 +60,7 @@ class Workbook:
             "workload": workload,
             **extra,
         }
-        return make_points(base, configs, repeats, workloads)
+        return make_points(base, configs, repeats, workloads, point_overrides)
 
     def sweep(
         self,
@@ -68,13 +69,14 @@ class Workbook:
         workload: dict | None,
         repeats: int = 1,
         workloads: dict[str, dict] | None = None,
+        point_overrides: dict[str, dict] | None = None,
         **extra,
     ):
         """Run (or resume) a sweep and return its DataFrame; failed points are rows with an error.
 
         ``workloads`` (name -> spec, instead of one ``workload``): every configuration runs each
         of them in turn; in served mode on one deployment start per configuration and repeat."""
-        pts = self.points(configs, workload or {}, repeats, workloads, **extra)
+        pts = self.points(configs, workload or {}, repeats, workloads, point_overrides, **extra)
         sd = SweepDir(self.sweep_dir(name))
         done = sum(1 for p in pts if p.get("point_id") and _done(sd, p["point_id"]))
         self._progress({"event": "start", "sweep": name, "points": len(pts), "done": done})
