@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 LEAD_S = 0.5  # workers start their clocks together this long after the schedule is handed out
 LAG_OK_MS = 20.0  # a p99 send lag above this means the client, not the server, set the pace
@@ -166,14 +166,18 @@ def _worker(args: tuple) -> tuple[list[dict], dict]:
 
 
 def _serve_jobs() -> None:
-    """A worker process: one JSON job per stdin line, one JSON answer per stdout line."""
+    """A worker process: per job, a JSON job line, then a start line once every worker has parsed
+    its job (``{"start_wall": ...}``); one JSON answer per job on stdout."""
     import aiohttp  # noqa: F401 - imported before "ready", so no schedule waits on the import
 
     sys.stdout.write(json.dumps({"ready": os.getpid()}) + "\n")
     sys.stdout.flush()
-    for line in sys.stdin:
+    while line := sys.stdin.readline():
         job = json.loads(line)
         reqs = [ClientRequest(**r) for r in job["requests"]]
+        sys.stdout.write(json.dumps({"parsed": len(reqs)}) + "\n")
+        sys.stdout.flush()
+        job.update(json.loads(sys.stdin.readline()))
         try:
             records, costs = _worker(
                 (
@@ -237,7 +241,6 @@ class LoadGenerator:
         shares = [requests[i :: self.workers] for i in range(self.workers)]
         n_busy = sum(1 for s in shares if s)
         cap = math.ceil(max_concurrency / n_busy) if max_concurrency and n_busy else None
-        start_wall = time.time() + LEAD_S + 0.05 * self.workers
         busy = []
         for proc, share in zip(self._procs, shares, strict=True):
             if not share:
@@ -247,14 +250,25 @@ class LoadGenerator:
                 "model": model,
                 "api": api,
                 "sampling": dict(sampling or {}),
-                "requests": [asdict(r) for r in share],
-                "start_wall": start_wall,
+                # vars, not dataclasses.asdict: asdict deep-copies every prompt's token ids (~1 ms
+                # a 512-token request), seconds for a few thousand requests.
+                "requests": [vars(r) for r in share],
                 "timeout_s": timeout_s,
                 "max_concurrency": cap,
             }
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()
             busy.append(proc)
+        # The clock starts once every worker holds its parsed share: handing out thousands of
+        # prompts takes longer than LEAD_S, and a schedule that starts during the handout sends
+        # its first requests late (the client's lag, not the server's).
+        for proc in busy:
+            if not proc.stdout.readline():
+                raise RuntimeError(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
+        start = json.dumps({"start_wall": time.time() + LEAD_S + 0.05 * self.workers}) + "\n"
+        for proc in busy:
+            proc.stdin.write(start)
+            proc.stdin.flush()
         records, costs = [], []
         for proc in busy:
             line = proc.stdout.readline()
