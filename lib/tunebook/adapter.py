@@ -63,6 +63,18 @@ def engine_fields() -> dict[str, object]:
     return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(EngineArgs)}
 
 
+def engine_default(name: str):
+    """The default of one EngineArgs field in the installed vLLM (None when it has none)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == name:
+            return None if f.default is dataclasses.MISSING else f.default
+    return None
+
+
 def vllm_reaction(name: str, value) -> str:
     """What vLLM's own EngineArgs says to one setting alone (bypassing tunebook's checks)."""
     from vllm.engine.arg_utils import EngineArgs

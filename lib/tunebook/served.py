@@ -457,6 +457,10 @@ class Deployment:
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization"):
             if k in kw:
                 out[k] = kw[k]
+        if "gpu_memory_utilization" not in out and not kw.get("kv_cache_memory_bytes"):
+            from .adapter import engine_default  # what each server holds of the device
+
+            out["gpu_memory_utilization"] = engine_default("gpu_memory_utilization")
         if per and per[0].get("available_kv_gib") is not None:
             out["available_kv_gib_per_replica"] = per[0]["available_kv_gib"]
         return out
