@@ -12,9 +12,9 @@ Method
     prompts (seeded random sequences of words that the model's tokenizer encodes as one token
     each: ``--input-len`` tokens per prompt), written once as a JSONL file that
     ``vllm bench serve`` reads (``--dataset-name custom --disable-shuffle --skip-chat-template``)
-    and that tunebook's client sends as text; all requests at t = 0 (``--request-rate inf``; tunebook: arrival 0); fixed
-    output length (``--custom-output-len``, ``--ignore-eos``; tunebook's sampling ignores EOS by
-    default); greedy (``--temperature 0``; tunebook's default); ``repetition_penalty`` 1.0 (bench
+    and that tunebook's client sends as text; all requests at t = 0 (``--request-rate inf``;
+    tunebook: arrival 0); fixed output length (``--custom-output-len``, ``--ignore-eos``;
+    tunebook's sampling ignores EOS by default); greedy (``--temperature 0``; tunebook's default); ``repetition_penalty`` 1.0 (bench
     always sends it; tunebook is told to). Prefix caching is off on the server, so a prompt sent
     in an earlier run costs the same prefill again. One unrecorded run of each client comes
     first; then A = bench and B = tunebook alternate in ABBA order for ``--blocks`` blocks
@@ -57,13 +57,14 @@ Results (CPU, tiny model, 2026-12-03)
     python benchmarks/served_overhead.py --blocks 8 --num-prompts 32 --input-len 64 \
         --output-len 32                                     (resident bench; 32 runs, 2 min)
 
-      metric            bench med  tunebook med  tunebook/bench [bootstrap 95 %]  paired [95 %]
-      output tok/s        1140.6      1205.2     1.057 [1.014, 1.090]            1.072 [1.019, 1.138]
-      output tok/s span   1141.7      1205.2     1.056 [1.013, 1.089]            1.071 [1.018, 1.137]
-      TTFT median ms       392.6       346.7     0.883 [0.788, 0.997]            0.893 [0.803, 0.984]
-      TPOT median ms        15.55       15.48    0.996 [0.942, 1.054]            0.988 [0.920, 1.054]
-      ITL median ms         14.52       15.12    1.041 [0.953, 1.082]            0.985 [0.901, 1.054]
-      E2E median ms        870.5       834.5     0.959 [0.927, 0.993]            0.943 [0.881, 0.998]
+      metric            bench    tunebook  tunebook/bench [bootstrap 95 %]  paired [95 %]
+      output tok/s      1140.6    1205.2   1.057 [1.014, 1.090]  1.072 [1.019, 1.138]
+      output tok/s span 1141.7    1205.2   1.056 [1.013, 1.089]  1.071 [1.018, 1.137]
+      TTFT median ms     392.6     346.7   0.883 [0.788, 0.997]  0.893 [0.803, 0.984]
+      TPOT median ms      15.55     15.48  0.996 [0.942, 1.054]  0.988 [0.920, 1.054]
+      ITL median ms       14.52     15.12  1.041 [0.953, 1.082]  0.985 [0.901, 1.054]
+      E2E median ms      870.5     834.5   0.959 [0.927, 0.993]  0.943 [0.881, 0.998]
+      (bench, tunebook: medians over 16 runs each)
 
     Verdict: NOT within +-3 %. Tunebook's client costs no throughput: with 95 % confidence its
     runs were at least 1.4 % *faster* than bench's (so a one-sided "overhead <= 3 %" holds), but
@@ -491,7 +492,8 @@ def measure(args) -> dict:
             runs.append(rec)
             print(
                 f"run {i:2d}/{len(order)} {arm}: {rec['output_tok_s']:.1f} tok/s,"
-                f" TTFT p50 {rec['ttft_median_ms']:.1f} ms, TPOT p50 {rec['tpot_median_ms']:.2f} ms",
+                f" TTFT p50 {rec['ttft_median_ms']:.1f} ms,"
+                f" TPOT p50 {rec['tpot_median_ms']:.2f} ms",
                 flush=True,
             )
     finally:
@@ -574,7 +576,8 @@ def report(result: dict) -> str:
         f" {result['blocks']} ABBA blocks, {result['request_set']['num_prompts']} prompts x"
         f" {result['request_set']['input_len']} in / {result['request_set']['output_len']} out",
         f"  load average before {e['loadavg_before'][0]:.1f}, after {e['loadavg_after'][0]:.1f};"
-        f" failed requests {result['failed_requests']}; processes left {len(result['processes_left'])}",
+        f" failed requests {result['failed_requests']};"
+        f" processes left {len(result['processes_left'])}",
     ]
     for name, c in result["comparison"].items():
         lines.append(
