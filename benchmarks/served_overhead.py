@@ -14,8 +14,8 @@ Method
     ``vllm bench serve`` reads (``--dataset-name custom --disable-shuffle --skip-chat-template``)
     and that tunebook's client sends as text; all requests at t = 0 (``--request-rate inf``;
     tunebook: arrival 0); fixed output length (``--custom-output-len``, ``--ignore-eos``;
-    tunebook's sampling ignores EOS by default); greedy (``--temperature 0``; tunebook's default); ``repetition_penalty`` 1.0 (bench
-    always sends it; tunebook is told to). Prefix caching is off on the server, so a prompt sent
+    tunebook's sampling ignores EOS by default); greedy (``--temperature 0``; tunebook's
+    default); ``repetition_penalty`` 1.0 (bench always sends it; tunebook is told to). Prefix caching is off on the server, so a prompt sent
     in an earlier run costs the same prefill again. One unrecorded run of each client comes
     first; then A = bench and B = tunebook alternate in ABBA order for ``--blocks`` blocks
     (A B B A, A B B A, ...): a linear drift of the shared, noisy machine cancels within a block.
