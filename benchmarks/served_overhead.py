@@ -7,18 +7,18 @@ and the same requests? Target: tunebook / bench within +-3 %, with the bootstrap
 of that ratio inside +-3 %.
 
 Method
-    One ``vllm serve`` of the tiny model, started through ``tunebook.served.Deployment`` and
-    warmed up once. Both clients send the same request set: the same ``--num-prompts`` text
-    prompts (seeded random sequences of words that the model's tokenizer encodes as one token
-    each: ``--input-len`` tokens per prompt), written once as a JSONL file that
-    ``vllm bench serve`` reads (``--dataset-name custom --disable-shuffle --skip-chat-template``)
-    and that tunebook's client sends as text; all requests at t = 0 (``--request-rate inf``;
-    tunebook: arrival 0); fixed output length (``--custom-output-len``, ``--ignore-eos``;
-    tunebook's sampling ignores EOS by default); greedy (``--temperature 0``; tunebook's
-    default); ``repetition_penalty`` 1.0 (bench always sends it; tunebook is told to). Prefix caching is off on the server, so a prompt sent
-    in an earlier run costs the same prefill again. One unrecorded run of each client comes
-    first; then A = bench and B = tunebook alternate in ABBA order for ``--blocks`` blocks
-    (A B B A, A B B A, ...): a linear drift of the shared, noisy machine cancels within a block.
+    One ``vllm serve`` of the tiny model, started through ``tunebook.served.Deployment`` and warmed
+    up once. Both clients send the same request set: the same ``--num-prompts`` text prompts (seeded
+    random sequences of words that the model's tokenizer encodes as one token each: ``--input-len``
+    tokens per prompt), written once as a JSONL file that ``vllm bench serve`` reads
+    (``--dataset-name custom --disable-shuffle --skip-chat-template``) and that tunebook's client
+    sends as text; all requests at t = 0 (``--request-rate inf``; tunebook: arrival 0); fixed output
+    length (``--custom-output-len``, ``--ignore-eos``; tunebook's sampling ignores EOS by default);
+    greedy (``--temperature 0``; tunebook's default); ``repetition_penalty`` 1.0 (bench always sends
+    it; tunebook is told to). Prefix caching is off on the server, so a prompt sent in an earlier
+    run costs the same prefill again. One unrecorded run of each client comes first; then A = bench
+    and B = tunebook alternate in ABBA order for ``--blocks`` blocks (A B B A, A B B A, ...): a
+    linear drift of the shared, noisy machine cancels within a block.
 
     ``--bench-launch cli`` runs ``vllm bench serve ...`` as a fresh process for every A run.
     ``--bench-launch resident`` (the default) runs the same command line through vLLM's own
