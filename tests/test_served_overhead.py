@@ -196,3 +196,15 @@ def test_one_block_on_a_real_server(tmp_path, monkeypatch):
     assert result["request_set"]["prompt_tokens_seen_by_server"] == [16]
     assert "output_tok_s" in result["comparison"]
     assert result["env"]["bench_command"].startswith("vllm bench serve ")
+
+
+def test_client_cpu_is_compared_without_a_verdict():
+    order = so.abba_order(1)
+    runs = [
+        {name: 10.0 for name in [*so.METRICS, "output_tok_s_span"]}
+        | {so.CLIENT_CPU: 0.2 if arm == "A" else 0.1}
+        for arm in order
+    ]
+    out = so.compare(order, runs)[so.CLIENT_CPU]
+    assert out["bootstrap"]["ratio"] == pytest.approx(0.5)
+    assert "within" not in out["verdict"]
