@@ -130,6 +130,8 @@ def test_bench_and_tunebook_records_use_one_span_definition():
     assert so.bench_record(bench)["output_tok_s_span"] == pytest.approx(8.0)
     assert so.tunebook_record(run)["output_tok_s_span"] == pytest.approx(8.0)
     assert so.tunebook_record(run)["ttft_median_ms"] == 2.0
+    assert so.bench_record(bench)[so.SEND_SPREAD] == pytest.approx(500.0)
+    assert so.tunebook_record(run)[so.SEND_SPREAD] == pytest.approx(500.0)
 
 
 # --------------------------------------------------------------------------- the request set
