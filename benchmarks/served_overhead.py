@@ -371,7 +371,7 @@ class BenchClient:
     """Runs ``vllm bench serve`` with given arguments: a fresh process each time (``cli``), or
     vLLM's own parser and ``main`` in one long-lived worker process (``resident``)."""
 
-    def __init__(self, launch: str, log: Path):
+    def __init__(self, launch: str, log: Path, lead_s: float = 0.0):
         from tunebook.serve import vllm_cli
 
         self.launch = launch
@@ -381,7 +381,7 @@ class BenchClient:
         if launch == "resident":
             self._log_f = open(log, "a")  # noqa: SIM115 - closed in close()
             self.worker = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--bench-worker"],
+                [sys.executable, str(Path(__file__).resolve()), "--bench-worker", str(lead_s)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._log_f,
@@ -420,9 +420,11 @@ class BenchClient:
             self.worker = None
 
 
-def bench_worker() -> None:
+def bench_worker(lead_s: float = 0.0) -> None:
     """The resident A client: one ``vllm bench serve`` argument list per stdin line, run by
     vLLM's own parser and main; one JSON answer per stdout line (bench's prints go to stderr)."""
+    import asyncio
+
     import vllm.benchmarks.serve as vbs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -433,6 +435,8 @@ def bench_worker() -> None:
     inner = vbs.benchmark
 
     async def timed_benchmark(*a, **kw):
+        if lead_s > 0:  # an idle pause before the sends, as tunebook's client has (LEAD_S)
+            await asyncio.sleep(lead_s)
         c0 = time.process_time()
         try:
             return await inner(*a, **kw)
@@ -507,7 +511,7 @@ def measure(args) -> dict:
         dep.start()
         dep.warmup(point["warmup_requests"])
         env = dep.fingerprint()
-        bench = BenchClient(args.bench_launch, work / "bench.log")
+        bench = BenchClient(args.bench_launch, work / "bench.log", args.bench_lead_s)
 
         def run_a(i: int) -> dict:
             name = f"bench-{i:03d}.json"
@@ -573,7 +577,7 @@ def measure(args) -> dict:
             "server": f"vllm serve (settings {SERVER_SETTINGS})",
             "model": "tiny-ernie",
             "client_B": env.get("client"),
-            "client_A": f"vllm bench serve ({args.bench_launch})",
+            "client_A": f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)",
             "bench_command": env.get("bench_command"),
             "loadavg_before": load0,
             "loadavg_after": os.getloadavg(),
@@ -585,7 +589,7 @@ def measure(args) -> dict:
 
 def main() -> None:
     if "--bench-worker" in sys.argv:
-        bench_worker()
+        bench_worker(float(sys.argv[sys.argv.index("--bench-worker") + 1]))
         return
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -595,6 +599,12 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--bench-launch", choices=("resident", "cli"), default="resident")
+    ap.add_argument(
+        "--bench-lead-s",
+        type=float,
+        default=0.0,
+        help="resident only: idle seconds before bench's sends (tunebook's client waits 0.5)",
+    )
     ap.add_argument(
         "--work-dir", default=None, help="logs, request set, bench JSON (else a temp dir)"
     )
