@@ -138,6 +138,8 @@ print(pd.DataFrame(article_changes).to_string(index=False) if article_changes el
 
 # %%
 frames = {}
+if mode == "served" and "concurrent" in workloads:
+    raise ValueError("served mode runs C6 as the workload 'concurrent': rename that workload")
 if mode == "served":
     wb.sweep(
         "baseline_served",

@@ -127,7 +127,8 @@ out_dir.mkdir(parents=True, exist_ok=True)
 os.environ.update({k: str(v) for k, v in engine_env.items()})
 platform, vllm_version = engine.platform_name(), engine.vllm_version()
 if validate_saved_only:  # report the device and vLLM that made the saved points, not this one's
-    saved = sorted(out_dir.glob(f"validate-{sc.name}-*/*.json"))
+    kind = "served" if validation_mode == "served" else sc.name
+    saved = sorted(out_dir.glob(f"validate-{kind}-*/*.json"))
     if saved:
         saved_env = json.loads(saved[0].read_text())["env"]
         platform, vllm_version = (
@@ -390,7 +391,8 @@ if len(val) and (val["status"] == "ok").any():
         title=f"Figure 5.V. {sc.name}: chosen and article relative to vLLM's default (median, min-max)",
     )
     fig.show()
-    if not choice["changed"]:
+    served_changed = bool(served_choice) and served_choice["status"] == "changed"
+    if not choice["changed"] and not (served_val is not None and served_changed):
         print(presets.aa_check(validation))
 else:
     validation = pd.DataFrame()
@@ -419,6 +421,7 @@ for i, (name, overrides) in enumerate(also_validate.items(), 1):
     other_sweep = f"validate-{name}-{assemble.config_hash([other_configs, other_workload, validation_mode, slo, engine_settings])}"
     print(
         f"{name} ({other_scenario.describe()}): chosen = {other_choice['changed'] or 'vLLM default'}"
+        + (" (measured: the deployment above, served)" if served_val is not None else "")
     )
     shown = other_sweep if validation_mode != "served" else "the served validation above"
     print(f"  workload: {other_workload}; sweep: {shown}")
@@ -462,7 +465,7 @@ v_c11 = presets.c11_verdict(
     choice,
     validation,
     others,
-    evidence=f"05_assemble_config/{sweep_name}; choice.json",
+    evidence=f"05_assemble_config/{served_sweep if served_val is not None else sweep_name}; choice.json",
     repeats=repeats,
     had_sweeps=bool(sweeps),
 )

@@ -287,7 +287,7 @@ def test_workloads_make_points_config_major_within_each_repeat():
     assert [p["point_id"] for p in pts] == [
         "a--x-r0", "a--y-r0", "b--x-r0", "b--y-r0", "a--x-r1", "a--y-r1", "b--x-r1", "b--y-r1",
     ]  # fmt: skip
-    assert pts[1]["workload"] == {"kind": "fixed", "output_len": 4, "name": "y"}
+    assert pts[1]["workload"] == {"kind": "fixed", "output_len": 4, "seed": 1000, "name": "y"}
     assert pts[2]["settings"] == {"block_size": 32} and pts[2]["config"] == "b"
     with pytest.raises(ConfigError, match="at least one workload"):
         make_points({"model": "m"}, {"a": {}}, workloads={})
@@ -297,6 +297,11 @@ def test_workloads_make_points_config_major_within_each_repeat():
     assert capped[0]["max_concurrency"] == 8 and "max_concurrency" not in capped[1]
     with pytest.raises(ConfigError, match="not workloads"):
         make_points({"model": "m"}, {"a": {}}, 1, {"x": {}}, {"z": {}})
+    # On one start, two workloads of one seed would share prompts (and the prefix cache).
+    seeded = make_points(
+        {"model": "m"}, {"a": {}}, 1, {"x": {}, "y": {"seed": 0}, "z": {"seed": 5}}
+    )
+    assert [p["workload"].get("seed", 0) for p in seeded] == [0, 1000, 5]
 
 
 def test_served_points_of_one_config_and_repeat_share_a_start_and_nothing_else():
@@ -314,6 +319,80 @@ def test_served_points_of_one_config_and_repeat_share_a_start_and_nothing_else()
     assert all(len(g) == 1 for g in served_groups(offline))
     # A resumed sweep whose first point is done starts the rest of the group once.
     assert [len(g) for g in served_groups(pts[1:])] == [1, 2, 2, 2]
+
+
+class _StandIn:
+    """A deployment's lifecycle without servers, for the group's bookkeeping (no vLLM claim)."""
+
+    events: list = []
+    fail_warmup: BaseException | None = None
+
+    def __init__(self, point, log_dir):
+        self.start_s = None
+        _StandIn.events.append("init")
+
+    def start(self):
+        self.start_s = 1.0
+        _StandIn.events.append("start")
+
+    def warmup(self, n):
+        if _StandIn.fail_warmup is not None:
+            raise _StandIn.fail_warmup
+
+    def alive(self):
+        return []
+
+    def capacity(self):
+        return {}
+
+    def fingerprint(self):
+        return {}
+
+    def shutdown(self):
+        _StandIn.events.append("shutdown")
+
+
+def _group(n: int):
+    from tunebook.engine import workload_of
+
+    pts = [Point.from_dict(point(f"p{i}")) for i in range(n)]
+    return pts, [workload_of(p) for p in pts]
+
+
+def test_an_interrupt_during_warmup_still_shuts_the_deployment_down(monkeypatch, tmp_path):
+    monkeypatch.setattr(served, "Deployment", _StandIn)
+    _StandIn.events, _StandIn.fail_warmup = [], KeyboardInterrupt()
+    pts, wls = _group(2)
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        served.execute_served_group(pts, wls, tmp_path, written.append)
+    assert _StandIn.events == ["init", "start", "shutdown"] and written == []
+
+
+def test_a_failed_point_of_a_group_keeps_its_seconds_and_the_start_is_counted_once(
+    monkeypatch, tmp_path
+):
+    from tunebook import cost
+
+    monkeypatch.setattr(served, "Deployment", _StandIn)
+    _StandIn.events, _StandIn.fail_warmup = [], None
+    calls = []
+
+    def measure(point, dep, wl, result, on_sample):
+        calls.append(point.point_id)
+        if point.point_id == "p1":
+            raise RuntimeError("HTTP 500")
+        result.metrics = {"duration_s": 1.0}
+
+    monkeypatch.setattr(served, "_measure", measure)
+    pts, wls = _group(3)
+    out = []
+    served.execute_served_group(pts, wls, tmp_path, out.append)
+    assert [r["status"] for r in out] == ["ok", "failed", "ok"] and calls == ["p0", "p1", "p2"]
+    assert out[1]["error"] == "RuntimeError: HTTP 500" and out[1]["shared_start"] == "p0"
+    starts = [cost.point_seconds(r)[0]["engine_start"] for r in out]
+    assert starts[0] > 0 and starts[1:] == [0.0, 0.0]  # never estimated again from engine_start_s
+    assert _StandIn.events.count("shutdown") >= 1 and "teardown" in out[2]["seconds"]
 
 
 # --------------------------------------------------------------------------- real servers

@@ -269,16 +269,20 @@ class LoadGenerator:
         for proc in busy:
             proc.stdin.write(start)
             proc.stdin.flush()
-        records, costs = [], []
-        for proc in busy:
+        records, costs, errors = [], [], []
+        for proc in busy:  # every answer is read, so the pipes stay in step for the next run
             line = proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
+                errors.append(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
+                continue
             answer = json.loads(line)
             if "error" in answer:
-                raise RuntimeError(f"load-generator worker failed: {answer['error']}")
+                errors.append(f"load-generator worker failed: {answer['error']}")
+                continue
             records += answer["records"]
             costs.append(answer["costs"])
+        if errors:
+            raise RuntimeError("; ".join(errors))
         records.sort(key=lambda r: int(r["request_id"]))
         return records, client_check(records, costs, self.workers)
 

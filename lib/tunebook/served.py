@@ -273,6 +273,7 @@ class Deployment:
         self.kwargs = self.point.engine_kwargs()
         self.model_name = "tunebook"  # --served-model-name: one name whatever the path
         self.procs: list[subprocess.Popen] = []
+        self._stopped: set[int] = set()  # replicas shut down (shutdown runs once per replica)
         self.logs: list[Path] = []
         self.urls: list[str] = []
         self.router: subprocess.Popen | None = None
@@ -428,8 +429,11 @@ class Deployment:
             self.client = None
         if self.router is not None:
             kill_group(self.router, grace_s=5)
-        for p in self.procs:
-            kill_group(p, grace_s=15)
+            self.router = None
+        for i, p in enumerate(self.procs):
+            if i not in self._stopped:  # once: a reaped pid's group id may be reused later
+                kill_group(p, grace_s=15)
+                self._stopped.add(i)
 
     def __enter__(self) -> Deployment:
         return self.start()
@@ -715,7 +719,8 @@ def execute_served_group(
     shutdown, so that it carries the teardown seconds). The first point's result carries the
     start and warm-up seconds; the others name it in ``shared_start``. A start that fails fails
     every point of the group with its error; a replica that dies fails the points still to run.
-    ``on_begin(point_id)`` is called as each point's measurement begins.
+    ``on_begin(point_id)`` is called as each point's measurement begins. The deployment is shut
+    down on every way out, an interrupt (Ctrl-C) included.
     """
     first = points[0]
     t0 = time.perf_counter()
@@ -723,44 +728,48 @@ def execute_served_group(
     dep = None
     error = None
     try:
-        dep = Deployment(first, log_dir)
-        t = time.perf_counter()
-        phase("engine_start", first.point_id)
-        dep.start()
-        seconds0["engine_start"] = time.perf_counter() - t
-        t = time.perf_counter()
-        phase("warmup", first.point_id)
-        dep.warmup(first.warmup_requests)
-        seconds0["warmup"] = time.perf_counter() - t
-    except Exception as e:  # noqa: BLE001 - a failed deployment is its points' failure
-        error = f"{type(e).__name__}: {e}"[:4000]
-    try:
+        try:
+            dep = Deployment(first, log_dir)
+            t = time.perf_counter()
+            phase("engine_start", first.point_id)
+            dep.start()
+            seconds0["engine_start"] = time.perf_counter() - t
+            t = time.perf_counter()
+            phase("warmup", first.point_id)
+            dep.warmup(first.warmup_requests)
+            seconds0["warmup"] = time.perf_counter() - t
+        except Exception as e:  # noqa: BLE001 - a failed deployment is its points' failure
+            error = f"{type(e).__name__}: {e}"[:4000]
         for i, (point, wl) in enumerate(zip(points, workloads, strict=True)):
             t_point = time.perf_counter() if i else t0
             if on_begin is not None:
                 on_begin(point.point_id)
             result = Result.skeleton(point, wl.summary())
-            result.seconds = dict(seconds0) if i == 0 else {}
+            # Never empty: tunebook.cost estimates phases only for points without seconds.
+            result.seconds = dict(seconds0) if i == 0 else {"measure": 0.0}
             if i:
                 result.shared_start = first.point_id
-            if dep is not None and dep.start_s is not None:
-                result.engine_start_s = dep.start_s
-                result.capacity = dep.capacity()
-                result.env = dep.fingerprint()
-            if error is None and dep is not None and dep.alive():
-                error = f"replica {dep.alive()[0]} had died before {point.point_id} began"
-            if error is not None:
-                result.error = error if i == 0 else f"{error} (deployment of {first.point_id})"
-            else:
-                try:
+            try:
+                if dep is not None and dep.start_s is not None:
+                    result.engine_start_s = dep.start_s
+                    result.capacity = dep.capacity()
+                    result.env = dep.fingerprint()
+                if error is None and dep.alive():
+                    error = f"replica {dep.alive()[0]} had died before {point.point_id} began"
+                if error is not None:
+                    result.error = error if i == 0 else f"{error} (deployment of {first.point_id})"
+                else:
                     t = time.perf_counter()
-                    _measure(point, dep, wl, result, on_sample)
-                    result.seconds["measure"] = time.perf_counter() - t
-                    result.status = "ok"
-                except Exception as e:  # noqa: BLE001
-                    result.error = f"{type(e).__name__}: {e}"[:4000]
-                    if dep.alive():  # the deployment is gone: the rest cannot run on it
-                        error = result.error
+                    try:
+                        _measure(point, dep, wl, result, on_sample)
+                        result.status = "ok"
+                    finally:
+                        result.seconds["measure"] = time.perf_counter() - t
+            except Exception as e:  # noqa: BLE001 - this point's failure; the next may run
+                result.status = "failed"
+                result.error = f"{type(e).__name__}: {e}"[:4000]
+                if dep is not None and dep.alive():  # the deployment is gone for the rest too
+                    error = result.error
             if i == len(points) - 1 and dep is not None:
                 t = time.perf_counter()
                 dep.shutdown()

@@ -38,7 +38,9 @@ def make_points(
     each repeat: A/x-r0 A/y-r0 B/x-r0 B/y-r0 A/x-r1 ... Served points of one configuration and
     repeat then share one deployment start (``run_sweep``); point ids read ``<config>--<name>-r<i>``.
     ``point_overrides`` (name -> point keys) sets client-side keys per workload, such as
-    ``max_concurrency``.
+    ``max_concurrency``. Workloads that would draw their prompts from one seed get distinct
+    seeds (+1000 per position): on a shared start, a prompt seen by an earlier workload would
+    hit the prefix cache.
     """
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}", key="repeats")
@@ -47,7 +49,7 @@ def make_points(
     unknown = sorted(set(point_overrides or {}) - set(workloads or {}))
     if unknown:
         raise ConfigError(f"point_overrides: {unknown} are not workloads", key="point_overrides")
-    named = workloads.items() if workloads else [(None, None)]
+    named = list(_distinct_seeds(workloads).items()) if workloads else [(None, None)]
     points = []
     for r, (name, cfg), (wl_name, wl) in itertools.product(range(repeats), configs.items(), named):
         p = copy.deepcopy(base)
@@ -62,6 +64,17 @@ def make_points(
             p.update(copy.deepcopy((point_overrides or {}).get(wl_name, {})))
         points.append(p)
     return points
+
+
+def _distinct_seeds(workloads: dict[str, dict]) -> dict[str, dict]:
+    out, seen = {}, set()
+    for i, (name, wl) in enumerate(workloads.items()):
+        seed = int(wl.get("seed", 0))
+        if seed in seen:
+            wl = {**wl, "seed": seed + 1000 * i}
+        seen.add(int(wl.get("seed", 0)))
+        out[name] = wl
+    return out
 
 
 def grid(name: str, values: Iterable, key: str = "settings") -> dict[str, dict]:
