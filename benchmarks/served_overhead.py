@@ -504,12 +504,22 @@ def our_processes() -> list[str]:
     return left
 
 
+def server_settings(args) -> dict:
+    """The server's vLLM settings: ``--settings`` (JSON) or the tiny CPU server's; prefix caching
+    off either way, so a prompt sent in an earlier run costs the same prefill again."""
+    given = json.loads(args.settings) if getattr(args, "settings", None) else SERVER_SETTINGS
+    if not isinstance(given, dict):
+        raise SystemExit(f"--settings must be a JSON object, got {args.settings!r}")
+    return {**given, "enable_prefix_caching": False}
+
+
 def measure(args) -> dict:
     from tunebook.model import resolve_model_dir
     from tunebook.served import Deployment
     from tunebook.workloads import Request, Workload
 
-    model_dir = resolve_model_dir("tiny-ernie")
+    model_dir = resolve_model_dir(args.model)
+    settings = server_settings(args)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="served-overhead-"))
     work.mkdir(parents=True, exist_ok=True)
     prompts = make_prompts(model_dir / "tokenizer.json", args.num_prompts, args.input_len)
@@ -522,9 +532,9 @@ def measure(args) -> dict:
     )
     point = {
         "point_id": "served-overhead",
-        "model": "tiny-ernie",
+        "model": args.model,
         "mode": "served",
-        "settings": dict(SERVER_SETTINGS),
+        "settings": settings,
         "sampling": {"repetition_penalty": 1.0},  # bench sends it; greedy, ignore_eos by default
         "workload": wl.spec,
         "warmup_requests": 4,
@@ -603,8 +613,8 @@ def measure(args) -> dict:
             "platform": env.get("platform"),
             "device": env.get("device"),
             "cpu_count": os.cpu_count(),
-            "server": f"vllm serve (settings {SERVER_SETTINGS})",
-            "model": "tiny-ernie",
+            "server": f"vllm serve (settings {server_settings(args)})",
+            "model": args.model,
             "client_B": env.get("client"),
             "client_A": f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)",
             "bench_command": env.get("bench_command"),
@@ -636,6 +646,13 @@ def main() -> None:
     )
     ap.add_argument(
         "--work-dir", default=None, help="logs, request set, bench JSON (else a temp dir)"
+    )
+    ap.add_argument("--model", default="tiny-ernie", help="model folder or name under models/")
+    ap.add_argument(
+        "--settings",
+        default=None,
+        help="vLLM settings of the server as JSON (default: the tiny CPU server's);"
+        " prefix caching stays off whatever is given",
     )
     ap.add_argument("--out", default="runs/bench/served_overhead.json")
     args = ap.parse_args()

@@ -3,6 +3,7 @@ request set both clients send, and one short real comparison (engine-marked)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -210,3 +211,11 @@ def test_client_cpu_is_compared_without_a_verdict():
     out = so.compare(order, runs)[so.CLIENT_CPU]
     assert out["bootstrap"]["ratio"] == pytest.approx(0.5)
     assert "within" not in out["verdict"]
+
+
+def test_server_settings_keep_prefix_caching_off():
+    args = argparse.Namespace(settings='{"max_model_len": 2048, "enable_prefix_caching": true}')
+    assert so.server_settings(args) == {"max_model_len": 2048, "enable_prefix_caching": False}
+    assert so.server_settings(argparse.Namespace(settings=None))["enforce_eager"] is True
+    with pytest.raises(SystemExit, match="JSON object"):
+        so.server_settings(argparse.Namespace(settings="[1, 2]"))

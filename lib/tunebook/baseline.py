@@ -413,6 +413,12 @@ def c6_arithmetic(
     }
 
 
+def _running(row) -> str:
+    """The peak of requests running at once, as the sampler saw it."""
+    n = getattr(row, "num_requests_running_peak", None)
+    return "peak running unknown" if n is None or n != n else f"{int(n)} running at the peak"
+
+
 def c6_verdict(
     arithmetic: dict,
     claim_model: str,
@@ -435,7 +441,7 @@ def c6_verdict(
     all_ran = len(concurrent) > 0 and len(ok) == len(concurrent)
     preempt = int(ok["num_preemptions"].sum()) if len(ok) and "num_preemptions" in ok else None
     peaks = ", ".join(
-        f"{r.config} {r.kv_cache_usage_peak_pct:.1f}%"
+        f"{r.config} {r.kv_cache_usage_peak_pct:.1f}% ({_running(r)})"
         if r.sampled
         else f"{r.config} not sampled (run < 0.25 s)"
         for r in ok.itertuples()
@@ -460,7 +466,7 @@ def c6_verdict(
             f" {a['kv_space_gib']:.1f} GiB ({a['requests_that_fit']} such requests). Here"
             f" {num_requests} requests at once: "
             + ("ran on both configurations" if all_ran else "FAILED on some engines")
-            + f", {preempt} preemptions, peak KV usage "
+            + f", {preempt} preemptions; peak KV usage "
             + peaks
         ),
         spread=speed,

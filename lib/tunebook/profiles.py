@@ -341,6 +341,7 @@ VALUE_CHECKS = {
     "prefix_workload": (_workload, False),
     "mode": (_choice(_modes), False),
     "validation_mode": (_choice(_modes), False),
+    "mixed_mode": (_choice(lambda: [m for m in _modes() if m != "offline"]), False),
     "compare_mode": (_choice(lambda: ["", *_modes()]), False),
     "validation_configs": (
         lambda k, v, p, s: [
