@@ -345,11 +345,15 @@ class _StandIn:
     def capacity(self):
         return {}
 
-    def fingerprint(self):
+    def fingerprint(self, point=None):
         return {}
 
     def shutdown(self):
         _StandIn.events.append("shutdown")
+
+    def run(self, wl, record=True, on_sample=None, point=None):
+        _StandIn.events.append(("run", point.point_id, point.max_concurrency))
+        return {"metrics": {}, "requests": [], "timeline": []}
 
 
 def _group(n: int):
@@ -367,6 +371,26 @@ def test_an_interrupt_during_warmup_still_shuts_the_deployment_down(monkeypatch,
     with pytest.raises(KeyboardInterrupt):
         served.execute_served_group(pts, wls, tmp_path, written.append)
     assert _StandIn.events == ["init", "start", "shutdown"] and written == []
+
+
+def test_each_point_of_a_shared_start_is_measured_with_its_own_client_settings(
+    monkeypatch, tmp_path
+):
+    """The deployment is started for the first point; a later point's client side (here its
+    max_concurrency cap) must still be its own, not the first point's."""
+    from tunebook.engine import workload_of
+
+    monkeypatch.setattr(served, "Deployment", _StandIn)
+    _StandIn.events, _StandIn.fail_warmup = [], None
+    pts = [
+        Point.from_dict(point("chat", max_concurrency=64)),
+        Point.from_dict(point("concurrent", max_concurrency=None)),
+    ]
+    out = []
+    served.execute_served_group(pts, [workload_of(p) for p in pts], tmp_path, out.append)
+    assert [r["status"] for r in out] == ["ok", "ok"]
+    runs = [e for e in _StandIn.events if isinstance(e, tuple)]
+    assert runs == [("run", "chat", 64), ("run", "concurrent", None)]
 
 
 def test_a_failed_point_of_a_group_keeps_its_seconds_and_the_start_is_counted_once(

@@ -83,6 +83,13 @@ def test_c1_on_a_gpu_reports_device_memory_and_no_cpu_caveat():
     assert "say nothing about a GPU" not in v["note"]
 
 
+def test_c1_served_on_a_gpu_does_not_blame_the_cpu():
+    """Served points carry no device memory (the engine is the server's): not a CPU caveat."""
+    frames = _baseline_frames([10.0, 11.0], [12.0, 13.0])
+    v = baseline.c1_verdict(frames, "cuda", 2, EV, "0.26.0", card_gib=139.8)
+    assert "device memory not read (served" in v["figure"] and "CPU" not in v["figure"]
+
+
 def _concurrent(peaks=(9.3, 9.4), status=("ok", "ok"), preemptions=(0, 0)):
     pts = []
     for cfg, peak, st, pre in zip(("default", "article"), peaks, status, preemptions, strict=True):

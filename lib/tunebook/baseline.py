@@ -367,6 +367,8 @@ def c1_verdict(
         f"whatever the load)"
         if mem
         else "; no device memory on CPU"
+        if platform == "cpu"
+        else "; device memory not read (served: the engine runs in the server's processes)"
     )
     art = article_qps_from_per_request(article_per_request_s, article_prompts)
     # gpu_memory_utilization as this vLLM resolved it for the default configuration
@@ -450,12 +452,13 @@ def c6_verdict(
         f"{w}: article/default e2e = {c['ratio']:.2f} ({c['noise']})"
         for w, c in comparison(frames, "default", "article", "e2e_mean_ms").items()
     )
-    mem = (
-        "; ".join(
-            f"{w}: device memory {c['a']['median']:.1f} -> {c['b']['median']:.1f} GiB"
-            for w, c in comparison(frames, "default", "article", "device_memory_used_gib").items()
-        )
-        or "device memory not measurable on CPU"
+    mem = "; ".join(
+        f"{w}: device memory {c['a']['median']:.1f} -> {c['b']['median']:.1f} GiB"
+        for w, c in comparison(frames, "default", "article", "device_memory_used_gib").items()
+    ) or (
+        "device memory not measurable on CPU"
+        if platform == "cpu"
+        else "device memory not read (served: the engine runs in the server's processes)"
     )
     return verdict(
         "C6",

@@ -469,7 +469,8 @@ class Deployment:
             out["available_kv_gib_per_replica"] = per[0]["available_kv_gib"]
         return out
 
-    def fingerprint(self) -> dict:
+    def fingerprint(self, point: Point | None = None) -> dict:
+        """The environment of a result measured here (``point``: whose sampler it used)."""
         import platform as pyplatform
 
         from .adapter import parse_log
@@ -484,7 +485,9 @@ class Deployment:
             "host": pyplatform.node(),
             "cpu_count": os.cpu_count(),
             "seed": self.kwargs.get("seed"),
-            "sampler": "greedy" if not self.point.sampling.get("temperature") else "sampled",
+            "sampler": "greedy"
+            if not (point or self.point).sampling.get("temperature")
+            else "sampled",
             "load_format": self.kwargs.get("load_format", "auto"),
             "settings": self.point.settings,
             "serve": self.point.serve,
@@ -547,9 +550,16 @@ class Deployment:
         )
         self.run(wl, record=False)
 
-    def run(self, wl: Workload, record: bool = True, on_sample=None) -> dict:
+    def run(
+        self, wl: Workload, record: bool = True, on_sample=None, point: Point | None = None
+    ) -> dict:
         """Send a workload on its schedule; return metrics, per-request records, the client check
-        and the engine-state timeline (from /metrics)."""
+        and the engine-state timeline (from /metrics).
+
+        ``point``: whose client side (sampling, ``max_concurrency``, SLO) to measure with, when
+        several points share this deployment's start; by default the point it was started for.
+        """
+        client = point or self.point
         sampler = GaugeSampler(self.scrape, 0.5, on_sample)
         before = self.scrape()
         sampler.start()
@@ -560,9 +570,9 @@ class Deployment:
                 self.model_name,
                 self.client_requests(wl),
                 api=self.api,
-                sampling=self.point.sampling_kwargs(),
+                sampling=client.sampling_kwargs(),
                 timeout_s=self.request_timeout_s,
-                max_concurrency=self.point.max_concurrency,
+                max_concurrency=client.max_concurrency,
             )
         finally:
             dur = time.perf_counter() - t0
@@ -579,7 +589,7 @@ class Deployment:
         # The workload's own span: from the first scheduled send to the last reply, not the
         # client's start-up lead.
         span = _span_s(recs) or dur
-        metrics = summarize(recs, span, self.point.slo)
+        metrics = summarize(recs, span, client.slo)
         metrics.update(peaks)
         metrics.update(
             {ours: after.get(k, 0.0) - before.get(k, 0.0) for k, ours in COUNTERS.items()}
@@ -753,7 +763,7 @@ def execute_served_group(
                 if dep is not None and dep.start_s is not None:
                     result.engine_start_s = dep.start_s
                     result.capacity = dep.capacity()
-                    result.env = dep.fingerprint()
+                    result.env = dep.fingerprint(point)
                 if error is None and dep.alive():
                     error = f"replica {dep.alive()[0]} had died before {point.point_id} began"
                 if error is not None:
@@ -790,7 +800,7 @@ def _measure(point: Point, dep: Deployment, wl: Workload, result: Result, on_sam
     runs = []
     for _ in range(point.repeats):
         phase("measure", point.point_id)
-        runs.append(dep.run(wl, on_sample=on_sample))
+        runs.append(dep.run(wl, on_sample=on_sample, point=point))
     result.metrics = runs[-1]["metrics"]
     result.repeat_metrics = [r["metrics"] for r in runs]
     result.requests = runs[-1]["requests"]
@@ -808,7 +818,7 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
     def measure(rate: float) -> bool:
         phase("measure", point.point_id)
         wl = rate_workload(point.workload, rate, len(per_rate), search, vocab)
-        out = dep.run(wl, on_sample=on_sample)
+        out = dep.run(wl, on_sample=on_sample, point=point)
         m = out["metrics"]
         per_rate.append({k: m.get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
         holds = bool(m.get("slo_holds")) if point.slo else True
