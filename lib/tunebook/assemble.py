@@ -1179,19 +1179,9 @@ def write_config(
     served_model_name: str | None = None,
 ) -> dict[str, Path]:
     """Write the four files atomically into ``out_dir``; return their paths."""
-    import os
+    from .results import write_files
 
-    from .results import atomic_write_text
-
-    out = Path(out_dir)
-    paths = {}
-    for name, text in render_files(choice, kwargs, env, served_model_name).items():
-        p = out / name
-        atomic_write_text(p, text)
-        if name.endswith(".sh"):
-            os.chmod(p, 0o755)
-        paths[name] = p
-    return paths
+    return write_files(out_dir, render_files(choice, kwargs, env, served_model_name))
 
 
 def config_hash(configs: dict) -> str:

@@ -246,19 +246,9 @@ def deployment_files(
 
 def write_deployment(out_dir: str | Path, *args, **kwargs) -> dict[str, Path]:
     """Write ``deployment_files`` atomically into ``out_dir`` (start.sh executable)."""
-    import os
+    from .results import write_files
 
-    from .results import atomic_write_text
-
-    out = Path(out_dir)
-    paths = {}
-    for name, text in deployment_files(*args, **kwargs).items():
-        p = out / name
-        atomic_write_text(p, text)
-        if name.endswith(".sh"):
-            os.chmod(p, 0o755)
-        paths[name] = p
-    return paths
+    return write_files(out_dir, deployment_files(*args, **kwargs))
 
 
 def validation_configs(

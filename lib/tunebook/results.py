@@ -52,6 +52,20 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def write_files(out_dir: str | Path, files: dict[str, str]) -> dict[str, Path]:
+    """Write rendered files (name -> text) atomically into ``out_dir``, shell scripts executable;
+    return their paths."""
+    out = Path(out_dir)
+    paths = {}
+    for name, text in files.items():
+        p = out / name
+        atomic_write_text(p, text)
+        if name.endswith(".sh"):
+            os.chmod(p, 0o755)
+        paths[name] = p
+    return paths
+
+
 def _jsonable(x):
     if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
         return None

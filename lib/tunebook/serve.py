@@ -357,12 +357,7 @@ def check(
         )
     result["pid"] = proc.pid
     try:
-        try:
-            result["start_s"] = wait_healthy(base, proc, timeout_s)
-        except (RuntimeError, TimeoutError) as e:
-            result["error"] = str(e)
-            result["log_tail"] = log_path.read_text(errors="replace")[-3000:]
-            out(f"[serve] FAILED: {e}\n{result['log_tail']}")
+        if not _became_healthy(base, proc, timeout_s, log_path, result, out):
             return result
         out(f"[serve] healthy after {result['start_s']:.1f} s")
         result["steps"] = ask(base, _uses_tokenizer(config), max_tokens, out)
@@ -377,6 +372,19 @@ def check(
         )
         if not sd["clean"]:
             result["ok"] = False
+
+
+def _became_healthy(base: str, proc, timeout_s: float, log_path: Path, result: dict, out) -> bool:
+    """Wait for ``/health``; on failure put the error and the log's tail into ``result`` and say
+    FAILED. True when healthy (``result["start_s"]`` set)."""
+    try:
+        result["start_s"] = wait_healthy(base, proc, timeout_s)
+        return True
+    except (RuntimeError, TimeoutError) as e:
+        result["error"] = str(e)
+        result["log_tail"] = log_path.read_text(errors="replace")[-3000:]
+        out(f"[serve] FAILED: {e}\n{result['log_tail']}")
+        return False
 
 
 def check_start_script(
@@ -406,12 +414,7 @@ def check_start_script(
     with open(log_path, "w") as log:
         proc = spawn(["bash", str(folder / "start.sh")], log, run_env)
     try:
-        try:
-            result["start_s"] = wait_healthy(base, proc, timeout_s)
-        except (RuntimeError, TimeoutError) as e:
-            result["error"] = str(e)
-            result["log_tail"] = log_path.read_text(errors="replace")[-3000:]
-            out(f"[serve] FAILED: {e}\n{result['log_tail']}")
+        if not _became_healthy(base, proc, timeout_s, log_path, result, out):
             return result
         out(f"[serve] router healthy after {result['start_s']:.1f} s")
         tok = any(_uses_tokenizer(p) for p in sorted(folder.glob("replica*.yaml"))[:1])

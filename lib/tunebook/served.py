@@ -704,13 +704,13 @@ def execute_served(
     import tempfile
 
     out: list[dict] = []
+    keep_logs = log_dir is not None
     with contextlib.ExitStack() as stack:
-        if log_dir is None:
+        if not keep_logs:
             log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tunebook-served-"))
-            execute_served_group([point], [wl], log_dir, out.append, on_sample)
-            out[0]["log_file"] = None
-        else:
-            execute_served_group([point], [wl], log_dir, out.append, on_sample)
+        execute_served_group([point], [wl], log_dir, out.append, on_sample)
+    if not keep_logs:
+        out[0]["log_file"] = None  # the temporary folder is gone
     return out[0]
 
 
