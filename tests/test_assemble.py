@@ -116,9 +116,9 @@ def test_discover_lists_sweeps_and_what_they_vary(tmp_path):
     ]
     bs = sweeps[0]
     assert bs.varied == ["block_size"] and bs.n_ok == 6
-    assert (
-        "output_throughput_tok_s" in bs.metric_names() and "kv_capacity_tokens" in bs.metric_names()
-    )
+    names = bs.metric_names()  # measured and engine-sized figures; settings are not metrics
+    assert "output_throughput_tok_s" in names and "cap_kv_capacity_tokens" in names
+    assert "block_size" not in names and "point_id" not in names
     inv = assemble.inventory(sweeps)
     assert list(inv["varies"]) == ["block_size", "-"]
     assert assemble.resolved_defaults(sweeps)["block_size"] == 128

@@ -14,7 +14,7 @@ import pytest
 
 from tunebook import engine
 from tunebook.errors import ConfigError
-from tunebook.results import SweepDir, atomic_write_text, dumps_point, flatten, safe_name
+from tunebook.results import SweepDir, atomic_write_text, dumps_point, point_row, safe_name
 from tunebook.sweep import grid, make_points, point_id, run_sweep
 
 
@@ -98,8 +98,8 @@ def test_safe_name_accepts_ordinary_names():
         SweepDir("/tmp").path("../etc/passwd")
 
 
-def test_flatten_row():
-    row = flatten(
+def test_point_row_is_the_one_layout():
+    row = point_row(
         {
             "point_id": "a-r0",
             "config": "a",
@@ -108,10 +108,27 @@ def test_flatten_row():
             "settings": {"block_size": 32, "compilation_config": {"level": 0}},
             "workload": {"name": "fixed"},
             "metrics": {"ttft_p50_ms": 1.5, "nested": {"x": 1}},
+            "capacity": {"num_gpu_blocks": 8, "max_num_seqs": 256, "per_layer": [1, 2]},
+            "memory": {"device_memory_used_gib": 1.5},
+            "engine_start_s": 3.0,
         }
     )
     assert row["block_size"] == 32 and row["compilation_config"] == '{"level": 0}'
     assert row["ttft_p50_ms"] == 1.5 and "nested" not in row and row["error"] is None
+    assert row["cap_num_gpu_blocks"] == 8 and row["cap_max_num_seqs"] == 256
+    assert "cap_per_layer" not in row and row["device_memory_used_gib"] == 1.5
+    # identity, then settings, then the workload, then everything measured (summary.csv's order,
+    # which assembly reads back where only a summary.csv is left)
+    cols = list(row)
+    assert cols[:6] == [
+        "point_id",
+        "config",
+        "repeat",
+        "status",
+        "block_size",
+        "compilation_config",
+    ]
+    assert cols[6] == "workload" and cols[-2:] == ["engine_start_s", "error"]
 
 
 # --------------------------------------------------------------------------- sweep

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .baseline import ARTICLE_AS_WRITTEN
 from .metrics import compare, meets_slo, spread
-from .results import load_point
+from .results import IDENT, load_point, point_row
 
 # --------------------------------------------------------------------------- scenarios
 
@@ -152,9 +152,9 @@ def article_settings(platform: str = "cuda") -> tuple[dict, list[str]]:
 # --------------------------------------------------------------------------- discovery
 
 _NOTEBOOK_DIR = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
-_IDENT = ("point_id", "config", "repeat", "status")
 MISSING = "(vLLM default)"
-# Capacity figures kept as metric columns; every other capacity key is a value vLLM resolved.
+# Capacity figures the engine sized; every other capacity key (``cap_<key>``) is a value vLLM
+# resolved for a setting.
 CAPACITY_FIGURES = {
     "num_gpu_blocks",
     "kv_capacity_tokens",
@@ -172,7 +172,7 @@ class Sweep:
     name: str
     path: Path
     points: list[dict] = field(default_factory=list)  # point JSONs (empty when only summary.csv)
-    rows: list[dict] = field(default_factory=list)  # one flat row per point
+    rows: list[dict] = field(default_factory=list)  # one results.point_row per point
     settings: dict[str, dict] = field(default_factory=dict)  # config -> its settings
     workloads: dict[str, str] = field(default_factory=dict)  # config -> workload name/kind text
     part: str | None = None  # the workload this is the part of a sweep for (split_by_workload)
@@ -208,6 +208,11 @@ class Sweep:
         return list(self.settings)
 
     @property
+    def setting_names(self) -> set[str]:
+        """Columns of the rows that are settings (vLLM's names), not measurements."""
+        return {k for s in self.settings.values() for k in s}
+
+    @property
     def varied(self) -> list[str]:
         """Settings whose value differs between this sweep's configurations (absent = vLLM's default)."""
         keys: list[str] = []
@@ -230,9 +235,10 @@ class Sweep:
 
     def metric_names(self) -> list[str]:
         names: list[str] = []
+        skip = {*IDENT, *self.setting_names}
         for r in self.rows:
             for k, v in r.items():
-                if k in names or k in _IDENT or k.startswith("setting:"):
+                if k in names or k in skip:
                     continue
                 if isinstance(v, int | float) and not isinstance(v, bool):
                     names.append(k)
@@ -290,23 +296,6 @@ def _workload_text(w) -> str:
     return str(w or "")
 
 
-def _row_from_point(p: dict) -> dict:
-    row = {k: p.get(k) for k in _IDENT}
-    for k, v in (p.get("settings") or {}).items():
-        row[f"setting:{k}"] = json.dumps(v) if isinstance(v, dict | list) else v
-    row["workload"] = _workload_text(p.get("workload"))
-    for k, v in (p.get("metrics") or {}).items():
-        if not isinstance(v, dict | list):
-            row[k] = v
-    for k, v in (p.get("capacity") or {}).items():
-        if isinstance(v, dict | list):
-            continue
-        # The engine's resolved values: vLLM's default where the point left the setting out.
-        row[k if k in CAPACITY_FIGURES else f"resolved:{k}"] = v
-    row["error"] = p.get("error")
-    return row
-
-
 def load_sweep_dir(path: Path, notebook: str | None = None) -> Sweep | None:
     """Read one sweep folder: point JSONs when present, else summary.csv. None when it holds neither."""
     path = Path(path)
@@ -320,7 +309,7 @@ def load_sweep_dir(path: Path, notebook: str | None = None) -> Sweep | None:
             sw.points.append(p)
     if sw.points:
         for p in sw.points:
-            sw.rows.append(_row_from_point(p))
+            sw.rows.append(point_row(p))
             cfg = str(p.get("config") or p.get("point_id"))
             sw.settings.setdefault(cfg, dict(p.get("settings") or {}))
             sw.workloads.setdefault(cfg, _workload_text(p.get("workload")))
@@ -331,7 +320,7 @@ def load_sweep_dir(path: Path, notebook: str | None = None) -> Sweep | None:
     with open(summary, newline="") as fh:
         reader = csv.DictReader(fh)
         cols = reader.fieldnames or []
-        # flatten() writes identity, then the settings, then "workload", then metrics.
+        # point_row writes identity, then the settings, then "workload", then the rest.
         try:
             setting_cols = cols[cols.index("status") + 1 : cols.index("workload")]
         except ValueError:
@@ -340,8 +329,7 @@ def load_sweep_dir(path: Path, notebook: str | None = None) -> Sweep | None:
             row = {k: _num(v) for k, v in raw.items()}
             settings = {k: row.pop(k) for k in setting_cols if k in row}
             settings = {k: v for k, v in settings.items() if v is not None}
-            for k, v in settings.items():
-                row[f"setting:{k}"] = v
+            row.update(settings)
             row["repeat"] = row.get("repeat")
             sw.rows.append(row)
             cfg = str(row.get("config") or row.get("point_id"))
@@ -407,11 +395,12 @@ def resolved_defaults(sweeps: list[Sweep]) -> dict:
         for r in s.rows:
             if r.get("status") != "ok":
                 continue
+            given = s.settings.get(str(r.get("config") or r.get("point_id"))) or {}
             for k, v in r.items():
-                if k.startswith("resolved:") and v is not None:
-                    name = k.split(":", 1)[1]
-                    if f"setting:{name}" in r:
-                        continue  # set explicitly: not a default
+                if k.startswith("cap_") and v is not None:
+                    name = k[len("cap_") :]
+                    if name in CAPACITY_FIGURES or name in given:
+                        continue  # sized by the engine, or set explicitly: not a default
                     key = json.dumps(v)
                     seen.setdefault(name, {})[key] = seen.get(name, {}).get(key, 0) + 1
     return {k: json.loads(max(c, key=c.get)) for k, c in seen.items()}

@@ -5,9 +5,9 @@ one is invalid on some backends. Nothing here drops a setting silently: every ch
 as a row saying what was changed and why, and the notebook shows it.
 
 Also here: the verdicts on C1, C6 and C9 (``c1_verdict``, ``c6_verdict``, ``c9_verdict``),
-``points_frame`` (a sweep's full point results as one DataFrame, with the engine's
-capacity and device memory, which summary.csv leaves out) and the side-by-side tables of two
-configurations with their spread over engine starts.
+``points_frame`` (a sweep's points as one DataFrame of ``results.point_row`` rows, with
+whether the gauge sampler saw each run) and the side-by-side tables of two configurations with
+their spread over engine starts.
 """
 
 from __future__ import annotations
@@ -112,19 +112,15 @@ def runnable_settings(
 
 # --------------------------------------------------------------------------- results as frames
 def points_frame(results: list[dict]):
-    """One row per point: identity, settings, metrics, plus engine capacity and device memory."""
+    """One row per point (``results.point_row``: identity, settings, metrics, ``cap_`` engine
+    capacity, device memory), sorted by config and repeat, with ``sampled``."""
     import pandas as pd
 
-    from .results import flatten
+    from .results import point_row
 
     rows = []
     for p in results:
-        row = flatten(p)
-        for k, v in (p.get("capacity") or {}).items():
-            row[f"cap_{k}"] = v
-        for k, v in (p.get("memory") or {}).items():
-            row[k] = v
-        row["engine_start_s"] = p.get("engine_start_s")
+        row = point_row(p)
         # Gauge peaks mean something only if the sampler (every 0.25 s) saw the run.
         row["sampled"] = len(p.get("timeline") or []) > 1
         if not row["sampled"]:

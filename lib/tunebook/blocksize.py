@@ -98,17 +98,31 @@ def warm_cached_tokens(requests: list[dict]) -> list[int]:
     return out
 
 
+_SPEED = (
+    "output_throughput_tok_s",
+    "total_token_throughput_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "prefix_cache_hit_rate_pct",
+)
+
+
 def per_point(results: list[dict], prefix_len: int | None = None):
-    """One row per finished point: block size, backend, capacity, speed, latency, prefix hits."""
+    """One row per finished point (from ``results.point_row``): block size, backend, capacity,
+    speed, latency, prefix hits."""
     import pandas as pd
+
+    from .results import point_row
 
     rows = []
     for p in results:
         if p.get("status") != "ok":
             continue
-        m, cap, env = p.get("metrics") or {}, p.get("capacity") or {}, p.get("env") or {}
+        flat, env = point_row(p), p.get("env") or {}
         warm = warm_cached_tokens(p.get("requests") or [])
-        bs = cap.get("block_size") or requested_block_size(p)
+        bs = flat.get("cap_block_size") or requested_block_size(p)
         row = {
             "config": p["config"],
             "repeat": p["repeat"],
@@ -116,15 +130,9 @@ def per_point(results: list[dict], prefix_len: int | None = None):
             "attention_backend (asked)": (p.get("settings") or {}).get("attention_backend")
             or "default",
             "attention_backend (used)": env.get("attention_backend") or "unknown",
-            "num_gpu_blocks": cap.get("num_gpu_blocks"),
-            "kv_capacity_tokens": cap.get("kv_capacity_tokens"),
-            "output_throughput_tok_s": m.get("output_throughput_tok_s"),
-            "total_token_throughput_tok_s": m.get("total_token_throughput_tok_s"),
-            "ttft_p50_ms": m.get("ttft_p50_ms"),
-            "ttft_p99_ms": m.get("ttft_p99_ms"),
-            "tpot_p50_ms": m.get("tpot_p50_ms"),
-            "tpot_p99_ms": m.get("tpot_p99_ms"),
-            "prefix_cache_hit_rate_pct": m.get("prefix_cache_hit_rate_pct"),
+            "num_gpu_blocks": flat.get("cap_num_gpu_blocks"),
+            "kv_capacity_tokens": flat.get("cap_kv_capacity_tokens"),
+            **{k: flat.get(k) for k in _SPEED},
             "cached_tokens_per_warm_request": (
                 float(sorted(warm)[len(warm) // 2]) if warm else float("nan")
             ),

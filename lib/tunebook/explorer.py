@@ -21,6 +21,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from . import assemble
+from .results import IDENT
 
 
 def pd_is_numeric(col) -> bool:
@@ -285,8 +286,9 @@ class Explorer:
         is computed under the SLO, is offered too), identifiers and settings left out."""
         df = sw.frame(self.slo)
         names = []
+        skip = {*IDENT, *sw.setting_names}
         for c in df.columns:
-            if c in assemble._IDENT or str(c).startswith("setting:"):
+            if c in skip:
                 continue
             col = df[c]
             if col.dtype == bool or str(col.dtype) == "boolean":

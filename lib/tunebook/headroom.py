@@ -79,24 +79,26 @@ def capacity_frame(results: list[dict]):
     """One row per point: configuration, start, capacity under the SLO and the client check."""
     import pandas as pd
 
+    from .results import point_row
+
     rows = []
     for r in results:
-        m = r.get("metrics") or {}
+        row = point_row(r)
         serve = (r.get("env") or {}).get("serve") or r.get("serve") or {}
         rows.append(
             {
-                "config": r.get("config"),
-                "repeat": r.get("repeat"),
-                "status": r.get("status"),
-                "capacity_rps": m.get("capacity_rps"),
-                "first_failing_rps": m.get("first_failing_rps"),
-                "capped": m.get("capacity_capped"),
-                "max_goodput_rps": m.get("max_goodput_rps"),
-                "client_kept_schedule": m.get("client_kept_schedule"),
-                "lag_p99_ms_max": m.get("lag_p99_ms_max"),
+                "config": row["config"],
+                "repeat": row["repeat"],
+                "status": row["status"],
+                "capacity_rps": row.get("capacity_rps"),
+                "first_failing_rps": row.get("first_failing_rps"),
+                "capped": row.get("capacity_capped"),
+                "max_goodput_rps": row.get("max_goodput_rps"),
+                "client_kept_schedule": row.get("client_kept_schedule"),
+                "lag_p99_ms_max": row.get("lag_p99_ms_max"),
                 "replicas": (serve or {}).get("replicas", 1),
-                "engine_start_s": r.get("engine_start_s"),
-                "error": r.get("error"),
+                "engine_start_s": row["engine_start_s"],
+                "error": row["error"],
             }
         )
     return pd.DataFrame(rows)

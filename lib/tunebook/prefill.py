@@ -353,23 +353,26 @@ def mixed_load_table(results: list[dict], classes=("short", "long", "mixed")):
     request class."""
     import pandas as pd
 
+    from .results import point_row
+
     p50 = class_ttft(results, q=50)
     p90 = class_ttft(results, q=90)
+    cols = (
+        "config",
+        "repeat",
+        "max_num_batched_tokens",
+        "output_throughput_tok_s",
+        "total_token_throughput_tok_s",
+        "itl_p50_ms",
+        "itl_p99_ms",
+        "tpot_p50_ms",
+        "num_preemptions",
+    )
     rows = []
     for p in ok_points(results):
-        m = p["metrics"]
         key = (p["config"], p["repeat"])
-        row = {
-            "config": p["config"],
-            "repeat": p["repeat"],
-            "max_num_batched_tokens": (p.get("settings") or {}).get("max_num_batched_tokens"),
-            "output_throughput_tok_s": m.get("output_throughput_tok_s"),
-            "total_token_throughput_tok_s": m.get("total_token_throughput_tok_s"),
-            "itl_p50_ms": m.get("itl_p50_ms"),
-            "itl_p99_ms": m.get("itl_p99_ms"),
-            "tpot_p50_ms": m.get("tpot_p50_ms"),
-            "num_preemptions": m.get("num_preemptions"),
-        }
+        flat = point_row(p)
+        row = {c: flat.get(c) for c in cols}
         for c in classes:
             row[f"ttft_{c}_p50_ms"] = p50[key].get(c, float("nan"))
             row[f"ttft_{c}_p90_ms"] = p90[key].get(c, float("nan"))

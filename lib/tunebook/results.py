@@ -190,7 +190,7 @@ class SweepDir:
         return out
 
     def write_summary(self) -> Path:
-        rows = [flatten(p) for p in self.points()]
+        rows = [point_row(p) for p in self.points()]
         cols: list[str] = []
         for r in rows:
             cols += [k for k in r if k not in cols]
@@ -203,34 +203,46 @@ class SweepDir:
         return path
 
 
-def flatten(point: dict) -> dict:
-    """One CSV row: identity, settings (as vLLM names), scalar metrics, status and error."""
-    row = {
-        "point_id": point.get("point_id"),
-        "config": point.get("config"),
-        "repeat": point.get("repeat"),
-        "status": point.get("status"),
-    }
+def point_row(point: dict) -> dict:
+    """One point as one flat row: the layout every table of the workbook starts from (summary.csv,
+    the notebooks' frames, assembly's sweeps).
+
+    Columns, in this order: ``point_id``, ``config``, ``repeat``, ``status``; the point's settings
+    by vLLM's own names (as ``vllm serve`` flags); ``workload`` (its name); the scalar metrics;
+    ``cap_<key>`` for what the engine resolved and sized at start (its capacity record: vLLM's
+    values where the point left a setting out); device memory; ``engine_start_s``; ``error``.
+    """
+    row = {k: point.get(k) for k in IDENT}
     for k, v in (point.get("settings") or {}).items():
         row[k] = json.dumps(v) if isinstance(v, dict | list) else v
     row["workload"] = (point.get("workload") or {}).get("name")
     for k, v in (point.get("metrics") or {}).items():
         if not isinstance(v, dict | list):
             row[k] = v
+    for k, v in (point.get("capacity") or {}).items():
+        if not isinstance(v, dict | list):
+            row[f"cap_{k}"] = v
+    for k, v in (point.get("memory") or {}).items():
+        if not isinstance(v, dict | list):
+            row[k] = v
+    row["engine_start_s"] = point.get("engine_start_s")
     row["error"] = point.get("error")
     return row
 
 
-FRAME_COLUMNS = ("point_id", "config", "repeat", "status", "workload", "error")
+IDENT = ("point_id", "config", "repeat", "status")
+FRAME_COLUMNS = (*IDENT, "workload", "error")
+
+
+def points_frame(points: list[dict]):
+    """Points as a pandas DataFrame of ``point_row`` rows. No points: an empty frame that still
+    has the identity and status columns, so ``df[df["status"] != "ok"]`` holds."""
+    import pandas as pd
+
+    rows = [point_row(p) for p in points]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(FRAME_COLUMNS))
 
 
 def load_sweep(root: str | Path):
-    """The sweep's points as a pandas DataFrame (one row per point, as in summary.csv).
-
-    A sweep without points (every candidate ruled out before any engine) is an empty frame that
-    still has the identity and status columns, so ``df[df["status"] != "ok"]`` holds.
-    """
-    import pandas as pd
-
-    rows = [flatten(p) for p in SweepDir(root).points()]
-    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(FRAME_COLUMNS))
+    """The sweep's points as a pandas DataFrame (one row per point, as in summary.csv)."""
+    return points_frame(SweepDir(root).points())
