@@ -117,3 +117,17 @@ def run_dir(tmp_path) -> Path:
 def module_run_dir(tmp_path_factory) -> Path:
     """A runs/ folder shared by a module's engine fixtures (engine starts are shared)."""
     return tmp_path_factory.mktemp("runs")
+
+
+def write_sweep(folder: Path, points: list[dict]):
+    """A synthetic sweep folder as a sweep leaves it: each point (``config`` and ``repeat``
+    given; ``point_id``, ``status`` and ``error`` filled in when absent) written, then
+    summary.csv. Returns the SweepDir. For tests of what reads results, not of vLLM."""
+    from tunebook.results import SweepDir
+
+    sd = SweepDir(folder)
+    for p in points:
+        pid = p.get("point_id") or f"{p['config']}-r{p['repeat']}"
+        sd.write(pid, {"point_id": pid, "status": "ok", "error": None, **p})
+    sd.write_summary()
+    return sd

@@ -13,6 +13,7 @@ import stat
 
 import pytest
 import yaml
+from conftest import write_sweep as write_points
 
 from tunebook import assemble
 from tunebook.results import SweepDir
@@ -38,13 +39,12 @@ def write_sweep(
     status: dict | None = None,
 ) -> SweepDir:
     """configs: name -> (settings, [metrics per repeat]); metrics may carry '_req' = (ttft, tpot)."""
-    sd = SweepDir(run_dir / notebook / sweep)
+    pts = []
     for name, (settings, reps) in configs.items():
         for r, m in enumerate(reps):
             m = dict(m)
             req = m.pop("_req", None)
-            pid = f"{name}-r{r}"
-            ok = (status or {}).get(pid, "ok")
+            ok = (status or {}).get(f"{name}-r{r}", "ok")
             cap = {
                 "block_size": 128,
                 "enable_prefix_caching": True,
@@ -53,10 +53,8 @@ def write_sweep(
                 **(capacity or {}),
             }
             cap.update({k: v for k, v in settings.items() if k in cap})
-            sd.write(
-                pid,
+            pts.append(
                 {
-                    "point_id": pid,
                     "config": name,
                     "repeat": r,
                     "status": ok,
@@ -66,10 +64,9 @@ def write_sweep(
                     "capacity": cap if ok == "ok" else {},
                     "requests": _requests(10, *req) if req and ok == "ok" else [],
                     "error": None if ok == "ok" else "EngineFailure: boom",
-                },
+                }
             )
-    sd.write_summary()
-    return sd
+    return write_points(run_dir / notebook / sweep, pts)
 
 
 def tput(*vals, ttft=100.0, tpot=10.0):

@@ -34,6 +34,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -72,46 +73,40 @@ def _requirements() -> None:
 def write_saved_run(run_dir: Path) -> None:
     """One sweep of max_num_seqs, three engine starts per config (the fewest whose ranges can be
     apart beyond the noise, metrics.compare), with per-request timings."""
-    from tunebook.results import SweepDir
-
-    sd = SweepDir(run_dir / "03_prefill_scaling" / "max_num_seqs")
     configs = {
         # name: (settings, p99 TTFT of every request, durations of the three repeats)
         "default": ({}, 500.0, (1.0, 1.02, 1.01)),
         "max_num_seqs=512": ({"max_num_seqs": 512}, 800.0, (0.5, 0.51, 0.505)),
     }
     n = 20
-    for name, (settings, ttft, durations) in configs.items():
-        for r, dur in enumerate(durations):
-            pid = f"{name}-r{r}"
-            sd.write(
-                pid,
-                {
-                    "point_id": pid,
-                    "config": name,
-                    "repeat": r,
-                    "status": "ok",
-                    "settings": {**BASE, **settings},
-                    "workload": {"name": "chat", "kind": "shared_prefix"},
-                    "metrics": {
-                        "duration_s": dur,
-                        "request_throughput_rps": n / dur,
-                        "output_throughput_tok_s": 8 * n / dur,
-                        "ttft_p99_ms": ttft,
-                        "tpot_p50_ms": 10.0,
-                    },
-                    "capacity": {
-                        "max_num_seqs": settings.get("max_num_seqs", 256),
-                        "kv_capacity_tokens": 131072,
-                    },
-                    "requests": [
-                        {"ttft_ms": ttft, "tpot_ms": 10.0, "prompt_tokens": 16, "output_tokens": 8}
-                    ]
-                    * n,
-                    "error": None,
+    write_sweep(
+        run_dir / "03_prefill_scaling" / "max_num_seqs",
+        [
+            {
+                "config": name,
+                "repeat": r,
+                "settings": {**BASE, **settings},
+                "workload": {"name": "chat", "kind": "shared_prefix"},
+                "metrics": {
+                    "duration_s": dur,
+                    "request_throughput_rps": n / dur,
+                    "output_throughput_tok_s": 8 * n / dur,
+                    "ttft_p99_ms": ttft,
+                    "tpot_p50_ms": 10.0,
                 },
-            )
-    sd.write_summary()
+                "capacity": {
+                    "max_num_seqs": settings.get("max_num_seqs", 256),
+                    "kv_capacity_tokens": 131072,
+                },
+                "requests": [
+                    {"ttft_ms": ttft, "tpot_ms": 10.0, "prompt_tokens": 16, "output_tokens": 8}
+                ]
+                * n,
+            }
+            for name, (settings, ttft, durations) in configs.items()
+            for r, dur in enumerate(durations)
+        ],
+    )
 
 
 def write_notebook(path: Path, run_dir: Path) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import write_sweep
 
 from tunebook import assemble, deployment, serve
-from tunebook.results import SweepDir
 
 CHOICE = {
     "scenario": "high_concurrency_chat",
@@ -19,37 +19,26 @@ CHOICE = {
 
 def write_capacity(run_dir, caps: dict, lag_at_failure: float = 1.0):
     """A notebook-04-like capacity sweep: config -> (settings, serve, [capacity per start])."""
-    sd = SweepDir(run_dir / "04_engine_overhead" / "capacity")
-    for cfg, (settings, serve_opts, values) in caps.items():
-        for r, cap in enumerate(values):
-            pid = f"{cfg}-r{r}"
-            sd.write(
-                pid,
-                {
-                    "point_id": pid,
-                    "config": cfg,
-                    "repeat": r,
-                    "status": "ok",
-                    "mode": "served",
-                    "settings": settings,
-                    "serve": serve_opts,
-                    "workload": {"name": "chat"},
-                    "metrics": {
-                        "capacity_rps": cap,
-                        "first_failing_rps": cap * 1.5,
-                        "slo": "99% ...",
-                    },
-                    "per_rate": [
-                        {"offered_rps": cap, "slo_holds": True, "lag_p99_ms": 1.0},
-                        {
-                            "offered_rps": cap * 1.5,
-                            "slo_holds": False,
-                            "lag_p99_ms": lag_at_failure,
-                        },
-                    ],
-                },
-            )
-    sd.write_summary()
+    write_sweep(
+        run_dir / "04_engine_overhead" / "capacity",
+        [
+            {
+                "config": cfg,
+                "repeat": r,
+                "mode": "served",
+                "settings": settings,
+                "serve": serve_opts,
+                "workload": {"name": "chat"},
+                "metrics": {"capacity_rps": cap, "first_failing_rps": cap * 1.5, "slo": "99% ..."},
+                "per_rate": [
+                    {"offered_rps": cap, "slo_holds": True, "lag_p99_ms": 1.0},
+                    {"offered_rps": cap * 1.5, "slo_holds": False, "lag_p99_ms": lag_at_failure},
+                ],
+            }
+            for cfg, (settings, serve_opts, values) in caps.items()
+            for r, cap in enumerate(values)
+        ],
+    )
 
 
 def test_a_configuration_that_serves_more_beyond_the_noise_is_chosen(tmp_path):
