@@ -34,6 +34,10 @@ Metrics, and what a difference means
       start times and latencies; tunebook's send times and E2E). Every client shares the server's
       two CPU cores here, so a throughput difference is the client's *cost*: CPU it takes from
       the server, or a slower send.
+    * The server's view (``server_e2e_mean_ms``, ``server_ttft_mean_ms``,
+      ``server_queue_mean_ms``): mean per request of the run, from the deltas of vLLM's own
+      /metrics histograms scraped before and after each run. One definition, stamped by the
+      server for both clients: a client that cost the server anything raises them.
     * TTFT, TPOT, ITL, E2E medians: both clients stamp the same events (send; each streamed
       chunk with text; the last such chunk) with ``time.perf_counter`` in an asyncio loop, and
       compute TPOT = (last - first) / (output tokens - 1). A latency difference is therefore a
@@ -148,6 +152,14 @@ CLIENT_CPU = "client_cpu_s"
 # Milliseconds from the first request sent to the last (all are due at t = 0): how fast each
 # client dispatches the set.
 SEND_SPREAD = "send_spread_ms"
+# The server's own view of each run, from its /metrics histograms (sum and count deltas over the
+# run): one definition for both clients, stamped by the server, not by either client. If a client
+# cost the server anything (CPU taken from it, slow sends or reads), these means rise with it.
+SERVER_HISTOGRAMS = {
+    "server_e2e_mean_ms": "vllm:e2e_request_latency_seconds",
+    "server_ttft_mean_ms": "vllm:time_to_first_token_seconds",
+    "server_queue_mean_ms": "vllm:request_queue_time_seconds",
+}
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -234,6 +246,19 @@ def span_throughput(starts: list[float], ends: list[float], output_tokens: list[
     return sum(output_tokens) / span if span > 0 else float("nan")
 
 
+def server_view(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Mean milliseconds per request of the run between two /metrics scrapes, per histogram in
+    ``SERVER_HISTOGRAMS`` (absent where the server does not expose it), and the request count."""
+    out: dict = {}
+    for name, hist in SERVER_HISTOGRAMS.items():
+        d_sum = after.get(hist + "_sum", 0.0) - before.get(hist + "_sum", 0.0)
+        d_count = after.get(hist + "_count", 0.0) - before.get(hist + "_count", 0.0)
+        if d_count > 0:
+            out[name] = 1e3 * d_sum / d_count
+            out["server_requests"] = d_count
+    return out
+
+
 def bench_record(result: dict) -> dict:
     """This benchmark's metrics from one ``vllm bench serve`` result JSON (``--save-detailed``)."""
     out = {ours: result.get(theirs) for ours, (theirs, _) in METRICS.items()}
@@ -275,7 +300,7 @@ def compare(order: list[str], runs: list[dict]) -> dict:
     """Per metric: per-run values per arm, median ratio with bootstrap interval, paired estimate,
     and a verdict line."""
     out = {}
-    for name in [*METRICS, "output_tok_s_span", CLIENT_CPU, SEND_SPREAD]:
+    for name in [*METRICS, "output_tok_s_span", *SERVER_HISTOGRAMS, CLIENT_CPU, SEND_SPREAD]:
         vals = [r.get(name) for r in runs]
         if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in vals):
             continue
@@ -284,6 +309,8 @@ def compare(order: list[str], runs: list[dict]) -> dict:
         boot = bootstrap_ratio(a, b)
         paired = paired_ratio(order, vals)
         kind = "client cost" if name in THROUGHPUTS else "measurement difference"
+        if name in SERVER_HISTOGRAMS:
+            kind = "client cost, the server's view"
         if name == CLIENT_CPU:
             kind = "client CPU seconds per run"
         if name == SEND_SPREAD:
@@ -386,7 +413,11 @@ def bench_argv(
         result_dir,
         "--result-filename",
         name,
-    ]
+    ] + (
+        ["--max-concurrency", str(args.max_concurrency)]
+        if getattr(args, "max_concurrency", None)
+        else []
+    )
 
 
 class BenchClient:
@@ -515,7 +546,7 @@ def server_settings(args) -> dict:
 
 def measure(args) -> dict:
     from tunebook.model import resolve_model_dir
-    from tunebook.served import Deployment
+    from tunebook.served import Deployment, _get, parse_prometheus
     from tunebook.workloads import Request, Workload
 
     model_dir = resolve_model_dir(args.model)
@@ -538,6 +569,8 @@ def measure(args) -> dict:
         "sampling": {"repetition_penalty": 1.0},  # bench sends it; greedy, ignore_eos by default
         "workload": wl.spec,
         "warmup_requests": 4,
+        "max_concurrency": args.max_concurrency,
+        "serve": {"metrics_interval_s": args.metrics_interval_s},
     }
     order = abba_order(args.blocks)
     runs: list[dict] = []
@@ -551,6 +584,10 @@ def measure(args) -> dict:
         dep.warmup(point["warmup_requests"])
         env = dep.fingerprint()
         bench = BenchClient(args.bench_launch, work / "bench.log", args.bench_lead_s)
+
+        def scrape() -> dict[str, float]:
+            status, text = _get(dep.urls[0] + "/metrics", timeout=10)
+            return parse_prometheus(text) if status == 200 else {}
 
         def run_a(i: int) -> dict:
             name = f"bench-{i:03d}.json"
@@ -570,7 +607,9 @@ def measure(args) -> dict:
         run_a(0)
         run_b()
         for i, arm in enumerate(order, start=1):
+            before = scrape()
             rec = run_a(i) if arm == "A" else run_b()
+            rec.update(server_view(before, scrape()))
             rec["arm"] = arm
             runs.append(rec)
             print(
@@ -596,6 +635,7 @@ def measure(args) -> dict:
             "input_len": args.input_len,
             "output_len": args.output_len,
             "arrivals": "all at t=0 (request rate inf)",
+            "max_concurrency": args.max_concurrency,
             "sampling": "greedy, ignore_eos, repetition_penalty 1.0",
             "prompt_tokens_seen_by_server": sorted(
                 {r.get("total_input_tokens") for r in runs if r.get("total_input_tokens")}
@@ -616,6 +656,7 @@ def measure(args) -> dict:
             "server": f"vllm serve (settings {server_settings(args)})",
             "model": args.model,
             "client_B": env.get("client"),
+            "client_B_metrics_interval_s": args.metrics_interval_s,
             "client_A": f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)",
             "bench_command": env.get("bench_command"),
             "loadavg_before": load0,
@@ -637,6 +678,19 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="requests in flight at most, for both clients (default: no cap, all at once)",
+    )
+    ap.add_argument(
+        "--metrics-interval-s",
+        type=float,
+        default=0.5,
+        help="tunebook's /metrics gauge sampler period (tunebook's default 0.5; a large value"
+        " leaves only the samples before and after each run)",
+    )
     ap.add_argument("--bench-launch", choices=("resident", "cli"), default="resident")
     ap.add_argument(
         "--bench-lead-s",

@@ -163,6 +163,13 @@ def test_bench_argv_names_the_same_request_set(tmp_path):
     assert argv[i("--request-rate") + 1] == "inf"
     assert argv[i("--temperature") + 1] == "0"
     assert flags["--backend"] == "openai"
+    assert "--max-concurrency" not in argv  # no cap unless asked
+
+    class Capped(Args):
+        max_concurrency = 16
+
+    argv = so.bench_argv("http://h:1", "tunebook", "tok", "req.jsonl", Capped, str(tmp_path), "r")
+    assert argv[argv.index("--max-concurrency") + 1] == "16"
 
 
 # --------------------------------------------------------------------------- one real comparison
@@ -198,7 +205,31 @@ def test_one_block_on_a_real_server(tmp_path, monkeypatch):
     assert result["request_set"]["output_tokens_per_run"] == [8]
     assert result["request_set"]["prompt_tokens_seen_by_server"] == [16]
     assert "output_tok_s" in result["comparison"]
+    # The server saw each run's 2 requests, whichever client sent them.
+    assert [r["server_requests"] for r in result["runs"]] == [2, 2, 2, 2]
+    assert result["comparison"]["server_e2e_mean_ms"]["kind"] == "client cost, the server's view"
     assert result["env"]["bench_command"].startswith("vllm bench serve ")
+
+
+def test_server_view_is_the_mean_of_the_run_from_histogram_deltas():
+    before = {
+        "vllm:e2e_request_latency_seconds_sum": 4.0,
+        "vllm:e2e_request_latency_seconds_count": 8,
+        "vllm:time_to_first_token_seconds_sum": 1.0,
+        "vllm:time_to_first_token_seconds_count": 8,
+    }
+    after = {
+        "vllm:e2e_request_latency_seconds_sum": 7.0,  # 3 s over 2 requests
+        "vllm:e2e_request_latency_seconds_count": 10,
+        "vllm:time_to_first_token_seconds_sum": 1.1,
+        "vllm:time_to_first_token_seconds_count": 10,
+    }
+    out = so.server_view(before, after)
+    assert out["server_e2e_mean_ms"] == pytest.approx(1500.0)
+    assert out["server_ttft_mean_ms"] == pytest.approx(50.0)
+    assert out["server_requests"] == 2
+    assert "server_queue_mean_ms" not in out  # not exposed: left out, not zero
+    assert so.server_view(after, after) == {}  # no request in between: nothing to average
 
 
 def test_client_cpu_is_compared_without_a_verdict():
