@@ -151,6 +151,8 @@ garbage line
         ({"replica": 2}, r"unknown serve option 'replica'; did you mean 'replicas'\?"),
         ({"api": "grpc"}, r"api='grpc'"),
         ({"client_workers": 0}, r"client_workers=0"),
+        ({"metrics_interval_s": 0}, r"metrics_interval_s=0 must be a number of seconds > 0"),
+        ({"metrics_interval_s": "1s"}, r"metrics_interval_s='1s'"),
     ],
 )
 def test_bad_deployments_fail_before_any_server(serve, match):

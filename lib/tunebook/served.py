@@ -48,7 +48,11 @@ DEPLOYMENT_KEYS = {
     "api": "'completions' or 'chat'",
     "start_timeout_s": "seconds a replica may take to answer /health",
     "request_timeout_s": "seconds one request may take",
+    "metrics_interval_s": "seconds between /metrics samples while a workload runs (0.5)",
 }
+# The gauge sampler's period: each sample is a /metrics render in the API server, the process
+# that bounds a small model's serving, so it is not free (benchmarks/served_overhead.py).
+METRICS_INTERVAL_S = 0.5
 # Options that exist only on the server path (not EngineArgs): passed to every `vllm serve`.
 SERVER_FLAGS = ("api_server_count", "uvicorn_log_level", "max_log_len")
 ROUTER_POLICIES_FALLBACK = (
@@ -180,6 +184,13 @@ def check_deployment(point: Point) -> None:
     w = serve.get("client_workers", 1)
     if isinstance(w, bool) or not isinstance(w, int) or w < 1:
         raise ConfigError(f"client_workers={w!r} must be >= 1", key="client_workers", source=src)
+    every = serve.get("metrics_interval_s", METRICS_INTERVAL_S)
+    if isinstance(every, bool) or not isinstance(every, int | float) or every <= 0:
+        raise ConfigError(
+            f"metrics_interval_s={every!r} must be a number of seconds > 0",
+            key="metrics_interval_s",
+            source=src,
+        )
     port = serve.get("port")
     if port is not None:
         ports = [port + i for i in range(n + (1 if n > 1 or policy else 0))]
@@ -560,7 +571,8 @@ class Deployment:
         several points share this deployment's start; by default the point it was started for.
         """
         client = point or self.point
-        sampler = GaugeSampler(self.scrape, 0.5, on_sample)
+        every = float(self.point.serve.get("metrics_interval_s", METRICS_INTERVAL_S))
+        sampler = GaugeSampler(self.scrape, every, on_sample)
         before = self.scrape()
         sampler.start()
         t0 = time.perf_counter()
