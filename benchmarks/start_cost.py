@@ -1,0 +1,210 @@
+"""What one `vllm serve` start costs, phase by phase, and what a warm compile cache saves.
+
+Question: an engine start is most of a GPU run's cost (76% of 00's GPU-seconds on the H200).
+vLLM keeps its torch.compile artefacts (and Inductor's and Triton's kernels) in cache folders
+under the home directory, so a second start of the same configuration on a node loads them
+instead of compiling. How much does that save, and where does the rest of a start go?
+
+Two modes:
+
+``--logs RUN_FOLDER`` (no engine): every served replica log under a run folder (``replica*.log``
+or ``.log.gz``), in start order, with the phases vLLM itself logs: model loading, torch.compile
+(and whether its graph was compiled or loaded from the cache), CUDA graph capture, the engine's
+whole init, and the seconds from the server's first log line to "Starting vLLM server".
+
+``--measure`` (real engines): starts of one configuration through ``tunebook.served.Deployment``,
+alternating a cold start (fresh, empty cache folders: ``VLLM_CACHE_ROOT``,
+``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) and a warm one (folders that an earlier start
+filled). The first start fills the warm folders and is itself cold: order C W C W ...; each start
+is timed from spawn to healthy, its log parsed as above, and written as it finishes.
+
+    python benchmarks/start_cost.py --logs runs/h200-20261203-b
+    python benchmarks/start_cost.py --measure --model ernie-4.5-0.3b-pt --starts 4 \\
+        --out runs/<run>/bench/start_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+# vLLM 0.26.0's own log lines for the phases of an engine start.
+PATTERNS = {
+    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB and ([\d.]+) seconds"),
+    "compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "engine_init_s": re.compile(
+        r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+)"
+    ),
+}
+COMPILED = re.compile(r"Compiling a graph for compile range")
+LOADED = re.compile(r"Directly load the compiled graph")
+STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
+CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def _stamp(line: str) -> datetime | None:
+    m = STAMP.search(line)
+    return datetime.strptime(m.group(1), "%m-%d %H:%M:%S") if m else None
+
+
+def start_phases(text: str) -> dict:
+    """The start phases one server log records (absent phases are left out)."""
+    out: dict = {}
+    for key, pat in PATTERNS.items():
+        m = pat.search(text)
+        if m:
+            out[key] = float(m.group(1))
+    if COMPILED.search(text):
+        out["compile_cache"] = "compiled"
+    elif LOADED.search(text):
+        out["compile_cache"] = "loaded"
+    lines = text.splitlines()
+    first = next((t for t in map(_stamp, lines) if t), None)
+    up = next((_stamp(x) for x in lines if "Starting vLLM server" in x), None)
+    if first and up:
+        out["log_to_serving_s"] = (up - first).total_seconds()
+    return out
+
+
+def _read(path: Path) -> str:
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode(errors="replace")
+    return path.read_text(errors="replace")
+
+
+def from_logs(run: Path) -> list[dict]:
+    """One row per served replica log under ``run``, in the order the servers started."""
+    rows = []
+    for p in sorted([*run.rglob("replica*.log"), *run.rglob("replica*.log.gz")]):
+        text = _read(p)
+        first = next((t for t in map(_stamp, text.splitlines()) if t), None)
+        row = {"log": str(p.relative_to(run)), "first": first, **start_phases(text)}
+        # <sweep>/logs/<point>/replica0.log.gz: the point's own file has spawn-to-healthy seconds.
+        point = p.parent.parent.parent / f"{p.parent.name}.json"
+        if point.is_file():
+            seconds = json.loads(point.read_text()).get("seconds") or {}
+            row["start_s"] = seconds.get("engine_start")
+        rows.append(row)
+    rows.sort(key=lambda r: (r["first"] is None, r["first"] or datetime.min))
+    for r in rows:
+        r["first"] = r["first"].strftime("%m-%d %H:%M:%S") if r["first"] else None
+    return rows
+
+
+def summarise(rows: list[dict], key: str = "compile_cache") -> dict:
+    """Median [min-max] of each phase, per group (compiled vs loaded from the cache)."""
+    out: dict = {}
+    for group in sorted({r.get(key) for r in rows if r.get(key)}):
+        sel = [r for r in rows if r.get(key) == group]
+        out[group] = {"starts": len(sel)}
+        for phase in (*PATTERNS, "log_to_serving_s", "start_s"):
+            vals = [r[phase] for r in sel if r.get(phase) is not None]
+            if vals:
+                out[group][phase] = [statistics.median(vals), min(vals), max(vals)]
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    cols = ("start_s", "log_to_serving_s", "engine_init_s", "compile_s", "graph_capture_s")
+    head = f"{'start':<24}{'cache':<12}" + "".join(f"{c:>17}" for c in cols)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        name = r.get("arm") or Path(r.get("log", "")).parent.name
+        cells = "".join(f"{r[c]:>17.1f}" if r.get(c) is not None else f"{'-':>17}" for c in cols)
+        lines.append(f"{name[:23]:<24}{str(r.get('compile_cache', '-'))[:11]:<12}{cells}")
+    return "\n".join(lines)
+
+
+def measure(args) -> dict:
+    from tunebook.served import Deployment
+
+    settings = json.loads(args.settings) if args.settings else {}
+    root = Path(args.work_dir or tempfile.mkdtemp(prefix="start-cost-"))
+    warm = root / "warm"
+    order = ["cold" if i % 2 == 0 else "warm" for i in range(args.starts)]
+    rows: list[dict] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for i, arm in enumerate(order):
+        # The first start fills the warm folders (cold itself); later cold starts get empty ones.
+        base = warm if (arm == "warm" or i == 0) else root / f"cold-{i}"
+        env = {k: str(base / k.lower()) for k in CACHE_ENV}
+        point = {
+            "point_id": f"start-{i}-{arm}",
+            "model": args.model,
+            "mode": "served",
+            "workload": {"kind": "fixed", "num_requests": 1, "prompt_len": 16, "output_len": 4},
+            "settings": settings,
+            "env": env,
+        }
+        log_dir = root / f"logs-{i}"
+        dep = Deployment(point, log_dir)
+        row: dict = {"arm": arm, "start": i}
+        try:
+            dep.start()
+            row["start_s"] = dep.start_s
+        except Exception as e:  # written with its error; the next start may still work
+            row["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            t = time.perf_counter()
+            dep.shutdown()
+            row["shutdown_s"] = time.perf_counter() - t
+        row.update(start_phases("".join(_read(p) for p in sorted(log_dir.glob("replica*.log*")))))
+        rows.append(row)
+        print(table(rows).splitlines()[-1], flush=True)
+        result = {
+            "question": "one vllm serve start: cold (empty cache folders) vs warm (filled)",
+            "date": time.strftime("%Y-%m-%d", time.localtime(t0)),
+            "model": args.model,
+            "settings": settings,
+            "cache_env": list(CACHE_ENV),
+            "order": order,
+            "starts": rows,
+            "summary": summarise(rows, "arm"),
+            "wall_s": time.time() - t0,
+        }
+        out.write_text(json.dumps(result, indent=2))  # after every start: a cut run keeps its rows
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--logs", type=Path, help="a run folder: tabulate its server logs")
+    mode.add_argument("--measure", action="store_true", help="start real servers, cold and warm")
+    ap.add_argument("--model", default="tiny-ernie", help="model folder or name under models/")
+    ap.add_argument("--settings", default=None, help="vLLM settings as JSON (default: vLLM's)")
+    ap.add_argument("--starts", type=int, default=4, help="engine starts, alternating C W C W")
+    ap.add_argument("--work-dir", default=None, help="cache folders and logs (else a temp dir)")
+    ap.add_argument("--out", default="runs/bench/start_cost.json")
+    args = ap.parse_args()
+    if args.logs:
+        if not args.logs.is_dir():
+            sys.exit(f"--logs: {args.logs} is not a folder")
+        rows = from_logs(args.logs)
+        if not rows:
+            sys.exit(f"--logs: no replica*.log(.gz) under {args.logs}")
+        print(table(rows))
+        print(json.dumps(summarise(rows), indent=1))
+        return
+    if args.starts < 2:
+        sys.exit("--starts must be >= 2 (one cold, one warm)")
+    result = measure(args)
+    print(json.dumps(result["summary"], indent=1))
+    print(f"written: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
