@@ -142,10 +142,16 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
 def replica_engine_kwargs(kwargs: dict, replicas: int) -> dict:
     """One replica's EngineArgs: with several replicas on one device each asks vLLM for 1/N of
     gpu_memory_utilization (vLLM checks at start that this much is free, also when
-    ``kv_cache_memory_bytes`` fixes the KV size)."""
+    ``kv_cache_memory_bytes`` fixes the KV size). Unset, the share is of the installed vLLM's
+    own default (0.92 in 0.26.0), not of a number copied here."""
     kw = dict(kwargs)
     if replicas > 1:
-        kw["gpu_memory_utilization"] = round(kw.get("gpu_memory_utilization", 0.9) / replicas, 4)
+        gmu = kw.get("gpu_memory_utilization")
+        if gmu is None:
+            from .adapter import engine_default
+
+            gmu = engine_default("gpu_memory_utilization") or 0.9
+        kw["gpu_memory_utilization"] = round(gmu / replicas, 4)
     return kw
 
 

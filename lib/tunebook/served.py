@@ -298,7 +298,7 @@ class Deployment:
 
         Several replicas on one device each get 1/N of gpu_memory_utilization: vLLM checks at
         start that that much is free (also when ``kv_cache_memory_bytes`` fixes the KV size), so
-        N replicas asking for vLLM's 0.9 each could not start together.
+        N replicas asking for vLLM's default (0.92) each could not start together.
         """
         from .assemble import DEFAULT_DROPS
 
