@@ -129,6 +129,7 @@ import numpy as np
 
 TOLERANCE = 0.03  # the target: |ratio - 1| <= 3 %, and the 95 % interval inside that band
 RESAMPLES = 10_000
+MIN_BLOCKS = 3  # the paired estimate's interval needs at least this many ABBA blocks
 SEED = 0
 SERVER_SETTINGS = {
     "enforce_eager": True,
@@ -224,20 +225,22 @@ def within(est: dict, tol: float = TOLERANCE) -> bool:
     return abs(est["ratio"] - 1) <= tol and lo >= 1 - tol and hi <= 1 + tol
 
 
-def verdict(name: str, est: dict, tol: float = TOLERANCE) -> str:
+def verdict(name: str, est: dict, tol: float = TOLERANCE, versus: str = "bench") -> str:
     """One line: the ratio, its interval, and whether both are within +-tol (and which is not)."""
     r, (lo, hi) = est["ratio"], est["ci95"]
+    if est.get("blocks", MIN_BLOCKS) < MIN_BLOCKS:  # a bootstrap over 1-2 blocks is no interval
+        return (
+            f"{name}: tunebook/{versus} {r:.3f}: {est['blocks']} ABBA block(s), too few to decide"
+        )
     pct = f"{100 * (r - 1):+.1f}% [{100 * (lo - 1):+.1f}%, {100 * (hi - 1):+.1f}%]"
     if within(est, tol):
-        return f"{name}: tunebook/bench {r:.3f} ({pct}): within +-{100 * tol:.0f}%"
+        return f"{name}: tunebook/{versus} {r:.3f} ({pct}): within +-{100 * tol:.0f}%"
     why = []
     if abs(r - 1) > tol:
         why.append("the ratio is outside")
     if lo < 1 - tol or hi > 1 + tol:
         why.append("the 95% interval is not inside")
-    return (
-        f"{name}: tunebook/bench {r:.3f} ({pct}): NOT within +-{100 * tol:.0f}% ({'; '.join(why)})"
-    )
+    return f"{name}: tunebook/{versus} {r:.3f} ({pct}): NOT within +-{100 * tol:.0f}% ({'; '.join(why)})"
 
 
 def span_throughput(starts: list[float], ends: list[float], output_tokens: list[int]) -> float:

@@ -88,6 +88,14 @@ def test_paired_ratio_cancels_a_linear_drift():
     assert est["ratio"] == pytest.approx(0.95, abs=1e-3)
 
 
+def test_a_paired_verdict_over_too_few_blocks_decides_nothing():
+    order = so.abba_order(1)
+    est = so.paired_ratio(order, [10.0, 10.0, 10.0, 10.0])
+    assert est["ci95"] == [1.0, 1.0]  # one block: a zero-width "interval"
+    assert "too few to decide" in so.verdict("x", est)
+    assert "within" not in so.verdict("x", est)
+
+
 def test_paired_ratio_needs_whole_blocks():
     with pytest.raises(ValueError):
         so.paired_ratio(["A", "B", "B"], [1.0, 1.0, 1.0])
