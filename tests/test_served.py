@@ -267,6 +267,36 @@ def test_max_concurrency_caps_requests_in_flight():
     assert all(r["lag_ms"] < 50 for r in recs)
 
 
+def test_a_decided_run_stops_sending_and_cancels_what_is_in_flight():
+    """40 requests 50 ms apart, each breaking a 1 ms TTFT limit: once 2 have broken it (1 is
+    allowed), the outcome is decided; requests due later are not sent and come back marked."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSSE)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    reqs = [ClientRequest(i, [5, 6, 7], 5, 0.05 * i, 3) for i in range(40)]
+    try:
+        with LoadGenerator(workers=1) as lg:
+            recs, check = lg.run(url, "m", reqs, stop={"slo": {"ttft_ms": 1.0}, "max_bad": 1})
+            full, _ = lg.run(url, "m", reqs[:4], stop={"slo": {"ttft_ms": 1e9}, "max_bad": 0})
+    finally:
+        srv.shutdown()
+    assert [r["request_id"] for r in recs] == [str(i) for i in range(40)]
+    done = [r for r in recs if not r.get("stopped")]
+    assert len(done) >= 2 and all(not meets_slo(r, {"ttft_ms": 1.0}) for r in done)
+    # decided at the second reply (~0.15 s into a 2 s schedule): at least the later half unsent
+    assert sum(1 for r in recs[20:] if r.get("stopped")) == 20
+    assert all("ttft_ms" not in r and r["output_tokens"] == 0 for r in recs if r.get("stopped"))
+    assert check["errors"] == 0
+    assert not any(r.get("stopped") for r in full)  # every request good: nothing decided
+
+
+def test_allowed_bad_requests():
+    assert served.allowed_bad(100, {"ttft_ms": 1}) == 1  # 99% by default
+    assert served.allowed_bad(99, {"ttft_ms": 1}) == 0
+    assert served.allowed_bad(20, {"ttft_ms": 1, "attainment_pct": 90.0}) == 2
+    assert served.allowed_bad(100, {"ttft_ms": 1, "attainment_pct": 100.0}) == 0
+
+
 def test_sse_parsing():
     assert parse_event(b"data: [DONE]") is None and parse_event(b": keep-alive") is None
     assert parse_event(b'data: {"a": 1}\n') == {"a": 1}
@@ -435,6 +465,9 @@ def test_capacity_search_on_one_engine_start(tmp_path):
         m, per = res["metrics"], res["per_rate"]
         assert res["seconds"]["engine_start"] > 0 and len(per) == m["rates_measured"] >= 2
         held = [r["offered_rps"] for r in per if r["slo_holds"]]
+        for r in per:  # a rate stopped early was decided: it failed, with requests left unsent
+            if r.get("decided_early"):
+                assert r["slo_holds"] is False and r["requests_stopped"] > 0
         if m["capacity_rps"] is not None:
             assert m["capacity_rps"] == max(r for r in held if r < (m["first_failing_rps"] or 1e9))
         assert m["slo"] == slo_text(SLO)

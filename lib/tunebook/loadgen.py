@@ -107,8 +107,18 @@ async def _send_all(
     start_wall: float,
     timeout_s: float,
     max_concurrency: int | None = None,
+    stop: dict | None = None,
 ) -> list[dict]:
+    """Send ``reqs`` on their schedule; one record per request, in request order.
+
+    ``stop`` = ``{"slo": {...}, "max_bad": k}``: once more than ``k`` finished requests broke
+    ``slo``, the outcome is decided (the SLO cannot hold), so requests not yet sent are not
+    sent and those in flight are cancelled (vLLM aborts a request whose client hung up). Their
+    records carry ``"stopped": True`` and no timings.
+    """
     import aiohttp
+
+    from .metrics import meets_slo
 
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     # The schedule is in wall-clock time shared by all workers; waits use the monotonic clock.
@@ -119,13 +129,44 @@ async def _send_all(
         # As `vllm bench serve --max-concurrency`: a request waits for a free slot, then is sent.
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
+        decided = asyncio.Event()
+        bad = 0
+        tasks: list[asyncio.Task] = []
+
+        def stopped(req: ClientRequest) -> dict:
+            return {
+                "request_id": str(req.index),
+                "tag": req.tag,
+                "prompt_tokens": max(req.prompt_len, 0),
+                "output_tokens": 0,
+                "chunks": 0,
+                "stopped": True,
+            }
+
         async def one(req: ClientRequest) -> dict:
-            due = t0 + req.arrival_s
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            if slots is None:
-                return await send(req, due)
-            async with slots:  # the lag counts from when the slot freed, not from the schedule
-                return await send(req, max(due, time.perf_counter()))
+            try:
+                due = t0 + req.arrival_s
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                if slots is None:
+                    return stopped(req) if decided.is_set() else await send(req, due)
+                async with slots:  # the lag counts from when the slot freed, not the schedule
+                    if decided.is_set():
+                        return stopped(req)
+                    return await send(req, max(due, time.perf_counter()))
+            except asyncio.CancelledError:  # cancelled below: the outcome was decided
+                return stopped(req)
+
+        def judge(rec: dict) -> None:
+            nonlocal bad
+            if stop is None or decided.is_set() or meets_slo(rec, stop["slo"]):
+                return
+            bad += 1
+            if bad > stop["max_bad"]:
+                decided.set()
+                me = asyncio.current_task()
+                for t in tasks:
+                    if t is not me and not t.done():
+                        t.cancel()
 
         async def send(req: ClientRequest, due: float) -> dict:
             sent = time.perf_counter()
@@ -150,16 +191,20 @@ async def _send_all(
                 rec = record_from_stamps(req, sent, stamps, usage, sent - due)
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
+            judge(rec)
             return rec
 
-        return list(await asyncio.gather(*(one(r) for r in reqs)))
+        tasks.extend(asyncio.ensure_future(one(r)) for r in reqs)
+        return list(await asyncio.gather(*tasks))
 
 
 def _worker(args: tuple) -> tuple[list[dict], dict]:
     """One client's share: send it on the schedule; return records and the client's own costs."""
-    url, model, api, sampling, reqs, start_wall, timeout_s, cap = args
+    url, model, api, sampling, reqs, start_wall, timeout_s, cap, stop = args
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    records = asyncio.run(_send_all(url, model, api, sampling, reqs, start_wall, timeout_s, cap))
+    records = asyncio.run(
+        _send_all(url, model, api, sampling, reqs, start_wall, timeout_s, cap, stop)
+    )
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     return records, {"pid": os.getpid(), "cpu_s": cpu, "wall_s": wall, "requests": len(reqs)}
@@ -189,6 +234,7 @@ def _serve_jobs() -> None:
                     job["start_wall"],
                     job["timeout_s"],
                     job.get("max_concurrency"),
+                    job.get("stop"),
                 )
             )
             answer = {"records": records, "costs": costs}
@@ -234,10 +280,14 @@ class LoadGenerator:
         sampling: dict | None = None,
         timeout_s: float = 600.0,
         max_concurrency: int | None = None,
+        stop: dict | None = None,
     ) -> tuple[list[dict], dict]:
         """Send ``requests`` on their schedule; return (records in request order, client check).
 
-        ``max_concurrency`` caps the requests in flight (split evenly over the workers)."""
+        ``max_concurrency`` caps the requests in flight (split evenly over the workers).
+        ``stop`` (``{"slo", "max_bad"}``, see ``_send_all``) ends the run once more than
+        ``max_bad`` requests broke the SLO; each worker counts its own share's, so with several
+        workers the run ends later than it could, never earlier."""
         shares = [requests[i :: self.workers] for i in range(self.workers)]
         n_busy = sum(1 for s in shares if s)
         cap = math.ceil(max_concurrency / n_busy) if max_concurrency and n_busy else None
@@ -255,6 +305,7 @@ class LoadGenerator:
                 "requests": [vars(r) for r in share],
                 "timeout_s": timeout_s,
                 "max_concurrency": cap,
+                "stop": stop,
             }
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()

@@ -35,7 +35,7 @@ from .errors import ConfigError
 from .interrupt import phase
 from .isolation import kill_group, spawn
 from .loadgen import ClientRequest, LoadGenerator
-from .metrics import GaugeSampler, slo_text, summarize
+from .metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
 from .model import GIB, load_shape
 from .points import Point, Result
 from .workloads import Workload, make_workload
@@ -73,6 +73,10 @@ SEARCH_DEFAULTS = {
     "duration_s": 10.0,  # arrivals last about this long at each rate
     "min_requests": 20,
     "max_requests": 5000,
+    # A rate is decided failed once more of its requests broke the SLO than it allows: the rest
+    # are not sent (those in flight are cancelled). The verdict is the same; an overloaded rate
+    # no longer runs its whole queue out. False: every rate runs to the end.
+    "stop_early": True,
 }
 # Prometheus series summed over replicas (counters: change over a run; gauges: peak).
 COUNTERS = {
@@ -562,15 +566,26 @@ class Deployment:
         self.run(wl, record=False)
 
     def run(
-        self, wl: Workload, record: bool = True, on_sample=None, point: Point | None = None
+        self,
+        wl: Workload,
+        record: bool = True,
+        on_sample=None,
+        point: Point | None = None,
+        stop_early: bool = False,
     ) -> dict:
         """Send a workload on its schedule; return metrics, per-request records, the client check
         and the engine-state timeline (from /metrics).
 
         ``point``: whose client side (sampling, ``max_concurrency``, SLO) to measure with, when
         several points share this deployment's start; by default the point it was started for.
+        ``stop_early`` (with an SLO): end the run once more requests broke the SLO than it
+        allows of the whole workload; the figures are then of the requests that finished, and
+        ``decided_early`` says so.
         """
         client = point or self.point
+        stop = None
+        if stop_early and client.slo:
+            stop = {"slo": client.slo, "max_bad": allowed_bad(len(wl.requests), client.slo)}
         every = float(self.point.serve.get("metrics_interval_s", METRICS_INTERVAL_S))
         sampler = GaugeSampler(self.scrape, every, on_sample)
         before = self.scrape()
@@ -585,6 +600,7 @@ class Deployment:
                 sampling=client.sampling_kwargs(),
                 timeout_s=self.request_timeout_s,
                 max_concurrency=client.max_concurrency,
+                stop=stop,
             )
         finally:
             dur = time.perf_counter() - t0
@@ -598,10 +614,18 @@ class Deployment:
         if not record:
             return {}
         after = self.scrape()
+        n_stopped = sum(1 for r in recs if r.get("stopped"))
+        recs = [r for r in recs if not r.get("stopped")]
         # The workload's own span: from the first scheduled send to the last reply, not the
         # client's start-up lead.
         span = _span_s(recs) or dur
         metrics = summarize(recs, span, client.slo)
+        if n_stopped:
+            # More requests broke the SLO than it allows of the whole workload: it cannot hold.
+            # Goodput over the part that ran is no rate the deployment sustains: not reported.
+            metrics.update(
+                decided_early=True, requests_stopped=n_stopped, slo_holds=False, goodput_rps=None
+            )
         metrics.update(peaks)
         metrics.update(
             {ours: after.get(k, 0.0) - before.get(k, 0.0) for k, ours in COUNTERS.items()}
@@ -613,6 +637,12 @@ class Deployment:
         metrics["offered_rps"] = wl.spec.get("request_rate") or None
         metrics.update({k: v for k, v in check.items() if k not in ("client",)})
         return {"metrics": metrics, "requests": recs, "timeline": sampler.samples, "client": check}
+
+
+def allowed_bad(n: int, slo: dict) -> int:
+    """How many of ``n`` requests may break ``slo`` with the SLO still holding."""
+    need = float(slo.get("attainment_pct", DEFAULT_ATTAINMENT_PCT))
+    return math.floor(n * (100.0 - need) / 100.0 + 1e-9)
 
 
 def _span_s(recs: list[dict]) -> float | None:
@@ -696,6 +726,8 @@ PER_RATE_KEYS = (
     "client_cpu_busiest_pct",
     "kept_schedule",
     "failed_requests",
+    "decided_early",
+    "requests_stopped",
 )
 
 
@@ -830,7 +862,8 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
     def measure(rate: float) -> bool:
         phase("measure", point.point_id)
         wl = rate_workload(point.workload, rate, len(per_rate), search, vocab)
-        out = dep.run(wl, on_sample=on_sample, point=point)
+        early = bool(search["stop_early"]) and point.search is not None
+        out = dep.run(wl, on_sample=on_sample, point=point, stop_early=early)
         m = out["metrics"]
         per_rate.append({k: m.get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
         holds = bool(m.get("slo_holds")) if point.slo else True
