@@ -161,7 +161,9 @@ rank = headroom.ranking(cap)
 display(pd.DataFrame(rank).round(3))
 headroom.capacity_figure(rank, f"Figure 4.1. Capacity under the SLO ({slo_text(slo)})").show()
 headroom.curve_figure(
-    headroom.curve_frame(results), "Figure 4.2. Goodput against the offered rate, every start"
+    headroom.curve_frame(results),
+    "Figure 4.2. Goodput against the offered rate, every start"
+    " (a rate decided failed early, search.stop_early, has no goodput point)",
 ).show()
 
 # %% [markdown]
