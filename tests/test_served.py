@@ -223,17 +223,20 @@ class _FakeSSE(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_client_times_requests_as_bench_serve_does():
+@pytest.fixture
+def sse_url():
+    """The URL of a _FakeSSE server on a free port, for the test's duration."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSSE)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_client_times_requests_as_bench_serve_does(sse_url):
     reqs = [ClientRequest(i, [5, 6, 7], 5, 0.1 * i, 3) for i in range(3)]
-    try:
-        with LoadGenerator(workers=2) as lg:
-            recs, check = lg.run(url, "m", reqs)
-            bad, bad_check = lg.run(url + "/fail", "m", reqs[:1])
-    finally:
-        srv.shutdown()
+    with LoadGenerator(workers=2) as lg:
+        recs, check = lg.run(sse_url, "m", reqs)
+        bad, bad_check = lg.run(sse_url + "/fail", "m", reqs[:1])
     assert [r["request_id"] for r in recs] == ["0", "1", "2"]
     for r in recs:
         assert r["output_tokens"] == 5 and r["chunks"] == 4 and r["prompt_tokens"] == 3
@@ -248,18 +251,12 @@ def test_client_times_requests_as_bench_serve_does():
     assert not meets_slo(bad[0], {"ttft_ms": 1e9})
 
 
-def test_max_concurrency_caps_requests_in_flight():
+def test_max_concurrency_caps_requests_in_flight(sse_url):
     """Six requests due at once, at most two in flight (one per worker): they go in three waves,
     each sent as a slot frees, so the send lag stays small (the cap is not the client lagging)."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSSE)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
     reqs = [ClientRequest(i, [5, 6, 7], 5, 0.0, 3) for i in range(6)]
-    try:
-        with LoadGenerator(workers=2) as lg:
-            recs, _ = lg.run(url, "m", reqs, max_concurrency=2)
-    finally:
-        srv.shutdown()
+    with LoadGenerator(workers=2) as lg:
+        recs, _ = lg.run(sse_url, "m", reqs, max_concurrency=2)
     spans = sorted((r["sent_s"], r["sent_s"] + r["e2e_ms"] / 1e3) for r in recs)
     in_flight = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
     assert in_flight == 2, spans
@@ -267,19 +264,13 @@ def test_max_concurrency_caps_requests_in_flight():
     assert all(r["lag_ms"] < 50 for r in recs)
 
 
-def test_a_decided_run_stops_sending_and_cancels_what_is_in_flight():
+def test_a_decided_run_stops_sending_and_cancels_what_is_in_flight(sse_url):
     """40 requests 50 ms apart, each breaking a 1 ms TTFT limit: once 2 have broken it (1 is
     allowed), the outcome is decided; requests due later are not sent and come back marked."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeSSE)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}"
     reqs = [ClientRequest(i, [5, 6, 7], 5, 0.05 * i, 3) for i in range(40)]
-    try:
-        with LoadGenerator(workers=1) as lg:
-            recs, check = lg.run(url, "m", reqs, stop={"slo": {"ttft_ms": 1.0}, "max_bad": 1})
-            full, _ = lg.run(url, "m", reqs[:4], stop={"slo": {"ttft_ms": 1e9}, "max_bad": 0})
-    finally:
-        srv.shutdown()
+    with LoadGenerator(workers=1) as lg:
+        recs, check = lg.run(sse_url, "m", reqs, stop={"slo": {"ttft_ms": 1.0}, "max_bad": 1})
+        full, _ = lg.run(sse_url, "m", reqs[:4], stop={"slo": {"ttft_ms": 1e9}, "max_bad": 0})
     assert [r["request_id"] for r in recs] == [str(i) for i in range(40)]
     done = [r for r in recs if not r.get("stopped")]
     assert len(done) >= 2 and all(not meets_slo(r, {"ttft_ms": 1.0}) for r in done)
