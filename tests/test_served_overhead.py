@@ -111,6 +111,13 @@ def test_compare_reports_each_shared_metric():
     assert out["output_tok_s"]["kind"] == "client cost"
     assert out["ttft_median_ms"]["kind"] == "measurement difference"
     assert out["tpot_median_ms"]["bootstrap"]["ratio"] == pytest.approx(1.0)
+    assert (
+        out["output_tok_s"]["bench"] == [10.0] * 4
+        and "tunebook/bench" in out["output_tok_s"]["verdict"]
+    )
+    sampler = so.compare(order, runs, so.ARMS["sampler"])["output_tok_s"]
+    assert sampler["sampler_off"] == sampler["sampler_on"] == [10.0] * 4
+    assert sampler["verdict"].startswith("output_tok_s: sampler_on/sampler_off 1.000")
 
 
 # --------------------------------------------------------------------------- both clients' records

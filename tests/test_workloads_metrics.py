@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from tunebook.errors import ConfigError
-from tunebook.metrics import chance_apart, compare, meets_slo, percentile, spread, summarize
+from tunebook.metrics import (
+    GaugeSampler,
+    chance_apart,
+    compare,
+    meets_slo,
+    percentile,
+    spread,
+    summarize,
+)
 from tunebook.workloads import FIRST_ORDINARY_ID, KINDS, check_fits, make_workload
 
 SPECS = {
@@ -273,3 +281,18 @@ def test_the_one_noise_rule_and_its_wording():
     # a stricter alpha is the only knob; direction does not matter
     assert compare([20, 21, 22], [10, 11, 12])["within_noise"] is False
     assert compare([10, 11, 12], [20, 21, 22], alpha=0.05)["within_noise"] is True
+
+
+def test_gauge_sampler_keeps_its_closing_sample_and_the_peaks():
+    """The sampler's last sample is the run's closing counters (no second snapshot after it)."""
+    values = iter([{"vllm:num_requests_running": 3.0}, {"vllm:num_requests_running": 1.0}])
+    sampler = GaugeSampler(lambda: next(values, {}), interval_s=3600)
+    sampler.start()
+    sampler.sample()  # a sample while the work runs
+    peaks = sampler.stop()
+    assert sampler.final == {"t_s": sampler.final["t_s"], "vllm:num_requests_running": 1.0}
+    assert peaks["num_requests_running_peak"] == 3.0
+    failing = GaugeSampler(lambda: 1 / 0, interval_s=3600)
+    failing.start()
+    failing.stop()
+    assert failing.final is None  # a failed closing sample: the caller takes its own snapshot

@@ -208,6 +208,7 @@ class GaugeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.snapshot, self.interval_s, self.on_sample = snapshot, interval_s, on_sample
         self.samples: list[dict] = []
+        self.final: dict | None = None  # the sample stop() takes, when it succeeds
         self._stop_event = threading.Event()
         self._t0 = time.perf_counter()
 
@@ -215,22 +216,24 @@ class GaugeSampler(threading.Thread):
         while not self._stop_event.wait(self.interval_s):
             self.sample()
 
-    def sample(self) -> None:
+    def sample(self) -> dict | None:
         try:
             snap = self.snapshot()
         except Exception:  # noqa: BLE001 - a missed sample is not a failed run
-            return
+            return None
         if not snap:
-            return
+            return None
         s = {"t_s": time.perf_counter() - self._t0, **snap}
         self.samples.append(s)
         if self.on_sample:
             self.on_sample(s)
+        return s
 
     def stop(self) -> dict:
+        """End sampling with one last sample (``final``: the run's closing counters); the peaks."""
         self._stop_event.set()
         self.join(timeout=10)
-        self.sample()
+        self.final = self.sample()
         peak = lambda k: max((s.get(k, 0.0) for s in self.samples), default=0.0)  # noqa: E731
         return {
             "kv_cache_usage_peak_pct": 100.0 * peak("vllm:kv_cache_usage_perc"),

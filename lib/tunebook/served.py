@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -87,6 +88,12 @@ COUNTERS = {
     "vllm:generation_tokens": "engine_generation_tokens",
 }
 GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+# Only those series, rendered by the server: vLLM mounts prometheus_client's own app under
+# /metrics/ (its plain /metrics renders every histogram, milliseconds of the API server's loop
+# per sample), and that app answers ``name[]`` (sample names: a counter's carries ``_total``).
+METRICS_SUBSET = "/metrics/?" + urllib.parse.urlencode(
+    [("name[]", f"{k}_total") for k in COUNTERS] + [("name[]", g) for g in GAUGES]
+)
 
 
 # --------------------------------------------------------------------------- checks before a start
@@ -291,6 +298,7 @@ class Deployment:
         self._stopped: set[int] = set()  # replicas shut down (shutdown runs once per replica)
         self.logs: list[Path] = []
         self.urls: list[str] = []
+        self.metrics_path = METRICS_SUBSET  # "/metrics" where a server does not answer the subset
         self.router: subprocess.Popen | None = None
         self.router_url: str | None = None
         self.client: LoadGenerator | None = None
@@ -531,13 +539,7 @@ class Deployment:
         """Counters summed and gauges summed (running, waiting) or maxed (KV use) over replicas."""
         total: dict[str, float] = {}
         for url in self.urls:
-            try:
-                status, text = _get(url + "/metrics", timeout=5)
-            except (OSError, urllib.error.URLError):
-                continue
-            if status != 200:
-                continue
-            m = parse_prometheus(text)
+            m = self._scrape_one(url)
             for k in (*COUNTERS, *GAUGES):
                 if k not in m:
                     continue
@@ -546,6 +548,19 @@ class Deployment:
                 else:
                     total[k] = total.get(k, 0.0) + m[k]
         return total
+
+    def _scrape_one(self, url: str) -> dict[str, float]:
+        """One replica's series: the subset, or the whole /metrics where the subset is not served."""
+        for path in dict.fromkeys((self.metrics_path, "/metrics")):
+            try:
+                status, text = _get(url + path, timeout=5)
+            except (OSError, urllib.error.URLError):
+                return {}
+            m = parse_prometheus(text) if status == 200 else {}
+            if "vllm:num_requests_running" in m:  # a gauge every vLLM server exports
+                self.metrics_path = path
+                return m
+        return {}
 
     # -- running work
     def client_requests(self, wl: Workload) -> list[ClientRequest]:
@@ -576,7 +591,8 @@ class Deployment:
         """Send a workload on its schedule; return metrics, per-request records, the client check
         and the engine-state timeline (from /metrics).
 
-        ``point``: whose client side (sampling, ``max_concurrency``, SLO) to measure with, when
+        ``point``: whose client side (sampling, ``max_concurrency``, SLO, ``metrics_interval_s``)
+        to measure with, when
         several points share this deployment's start; by default the point it was started for.
         ``stop_early`` (with an SLO): end the run once more requests broke the SLO than it
         allows of the whole workload; the figures are then of the requests that finished, and
@@ -586,7 +602,7 @@ class Deployment:
         stop = None
         if stop_early and client.slo:
             stop = {"slo": client.slo, "max_bad": allowed_bad(len(wl.requests), client.slo)}
-        every = float(self.point.serve.get("metrics_interval_s", METRICS_INTERVAL_S))
+        every = float(client.serve.get("metrics_interval_s", METRICS_INTERVAL_S))
         sampler = GaugeSampler(self.scrape, every, on_sample)
         before = self.scrape()
         sampler.start()
@@ -613,7 +629,7 @@ class Deployment:
             )
         if not record:
             return {}
-        after = self.scrape()
+        after = sampler.final or self.scrape()
         n_stopped = sum(1 for r in recs if r.get("stopped"))
         recs = [r for r in recs if not r.get("stopped")]
         # The workload's own span: from the first scheduled send to the last reply, not the
