@@ -3,7 +3,9 @@
 #   bash scripts/gpu_run.sh <run-id> <budget-seconds> <step>...
 # steps: bench (harness overhead benchmark), roofline (decode/prefill vs the roofline floor),
 #        served (tunebook's client vs vllm bench serve on one warm server, all requests at once),
-#        served-c32 (the same, at most 32 requests in flight), starts (cold vs warm compile cache),
+#        served-c32 (the same, at most 32 requests in flight), served-sampler (tunebook's /metrics
+#        sampler off vs on, same server, at most 32 in flight), abba (bare LLM.generate vs
+#        Engine.run on one warm engine, ABBA), starts (cold vs warm compile cache),
 #        00 01 02 03 04 (notebooks, resumable).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
@@ -38,6 +40,13 @@ for step in "$@"; do
              --output-len 128 --max-concurrency 32 --metrics-interval-s 3600 --work-dir /tmp/so32n \
              --out "runs/$rid/bench/served_overhead_c32_nosampler.json" \
              2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -40 ;;
+    served-sampler) timeout -k 5 "$l" python3 benchmarks/served_overhead.py --model ernie-4.5-0.3b-pt \
+             --settings '{"max_model_len": 4096}' --arms sampler --blocks 10 --num-prompts 200 \
+             --input-len 512 --output-len 128 --max-concurrency 32 --work-dir /tmp/sos \
+             --out "runs/$rid/bench/served_overhead_sampler.json" \
+             2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -40 ;;
+    abba) timeout -k 5 "$l" python3 benchmarks/harness_overhead.py --profile h200 --abba 10 \
+             --out "runs/$rid/bench/harness_abba.json" 2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -12 ;;
     starts|starts-b) timeout -k 5 "$l" python3 benchmarks/start_cost.py --measure --model ernie-4.5-0.3b-pt \
              --starts 2 --work-dir "/tmp/$step" --out "runs/$rid/bench/${step/starts/start_cost}.json" \
              2>&1 | tail -30 ;;
