@@ -559,12 +559,14 @@ def scrape_cost(dep, n: int = 50) -> dict:
     from tunebook.served import METRICS_SUBSET, _get
 
     root = psutil.Process(dep.procs[0].pid)
-    api = next(  # the `vllm serve` process itself, not tunebook's isolation wrapper around it
-        p
-        for p in [root, *root.children(recursive=True)]
-        if "vllm serve" in " ".join(p.cmdline())
-        and "tunebook.isolation" not in " ".join(p.cmdline())
-    )
+
+    def is_server(p) -> bool:  # `vllm serve` or `python -m vllm.entrypoints.cli.main serve`
+        cmd = " ".join(p.cmdline())
+        return "vllm" in cmd and " serve" in cmd and "tunebook.isolation" not in cmd
+
+    api = next((p for p in [root, *root.children(recursive=True)] if is_server(p)), None)
+    if api is None:
+        return {"error": "no vllm serve process found under the deployment"}
     out = {}
     for label, path in (("whole", "/metrics"), ("subset", METRICS_SUBSET)):
         cpu0, lat, text = sum(api.cpu_times()[:2]), [], ""
@@ -671,7 +673,10 @@ def measure(args) -> dict:
                 f" TPOT p50 {rec['tpot_median_ms']:.2f} ms",
                 flush=True,
             )
-        cost = scrape_cost(dep)
+        try:  # an aside: it must never cost the runs above
+            cost = scrape_cost(dep)
+        except Exception as e:  # noqa: BLE001
+            cost = {"error": f"{type(e).__name__}: {e}"}
     finally:
         if bench is not None:
             bench.close()
@@ -808,6 +813,9 @@ def report(result: dict) -> str:
         lines.append(f"    {c['verdict']}")
         lines.append(f"    {c['verdict_paired']}")
     for label, c in result.get("scrape_cost", {}).items():
+        if label == "error":
+            lines.append(f"  /metrics scrape cost not measured: {c}")
+            continue
         lines.append(
             f"  one /metrics scrape, {label}: {c['bytes']} bytes, {c['latency_p50_ms']:.2f} ms,"
             f" {c['server_cpu_ms_per_scrape']:.2f} ms of the API server's CPU"
