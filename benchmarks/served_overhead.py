@@ -350,6 +350,32 @@ def compare(order: list[str], runs: list[dict], arms: tuple[str, str] = ARMS["be
     return out
 
 
+def pool(results: list[dict]) -> dict:
+    """The paired estimate over the ABBA blocks of several runs of one question (each run on its
+    own server start): a block's ratio is taken within one server, so blocks from different
+    starts pool without mixing their levels. Per metric present in every run."""
+    arms = {tuple(r.get("arms", {"A": "bench", "B": "tunebook"}).values()) for r in results}
+    if len(arms) != 1:
+        raise ValueError(f"runs of different questions cannot pool: arms {sorted(arms)}")
+    (name_a, name_b), out = arms.pop(), {}
+    for name in [*METRICS, *SERVER_HISTOGRAMS]:
+        order, vals = [], []
+        for r in results:
+            v = [run.get(name) for run in r["runs"]]
+            if any(x is None for x in v):
+                break
+            order, vals = order + r["order"], vals + v
+        else:
+            est = paired_ratio(order, vals)
+            out[name] = {
+                "paired": est,
+                "verdict_paired": verdict(
+                    f"{name} (paired, {len(results)} runs)", est, versus=name_a, ours=name_b
+                ),
+            }
+    return {"arms": {"A": name_a, "B": name_b}, "runs": len(results), "comparison": out}
+
+
 # --------------------------------------------------------------------------- the request set
 def make_prompts(tokenizer_json: Path, n: int, input_len: int, seed: int = 0) -> list[str]:
     """``n`` text prompts that the model's tokenizer encodes to exactly ``input_len`` tokens.
@@ -781,7 +807,22 @@ def main() -> None:
         " prefix caching stays off whatever is given",
     )
     ap.add_argument("--out", default="runs/bench/served_overhead.json")
+    ap.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="RESULT_JSON",
+        help="no server: the paired estimate over the blocks of these results (one question)",
+    )
     args = ap.parse_args()
+    if args.pool:
+        pooled = pool([json.loads(Path(f).read_text()) for f in args.pool])
+        pooled["from"] = args.pool
+        for c in pooled["comparison"].values():
+            print(c["verdict_paired"])
+        if args.out != ap.get_default("out"):
+            Path(args.out).write_text(json.dumps(pooled, indent=2))
+            print(f"written: {args.out}")
+        return
     abba_order(args.blocks)  # a bad --blocks fails before any server starts
 
     result = measure(args)

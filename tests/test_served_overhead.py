@@ -265,3 +265,23 @@ def test_server_settings_keep_prefix_caching_off():
     assert so.server_settings(argparse.Namespace(settings=None))["enforce_eager"] is True
     with pytest.raises(SystemExit, match="JSON object"):
         so.server_settings(argparse.Namespace(settings="[1, 2]"))
+
+
+def test_pooled_runs_take_each_blocks_ratio_within_its_own_server():
+    """Two runs at different levels (two server starts), B 2 % above A within each: the pooled
+    paired ratio is 1.02 exactly, whatever the levels; runs of different questions refuse."""
+    order = so.abba_order(3)
+
+    def result(level: float, arms=None) -> dict:
+        runs = [{"output_tok_s": level * (1.02 if arm == "B" else 1.0)} for arm in order]
+        return {"order": order, "runs": runs, **({"arms": arms} if arms else {})}
+
+    pooled = so.pool([result(100.0), result(300.0)])
+    est = pooled["comparison"]["output_tok_s"]["paired"]
+    assert est["ratio"] == pytest.approx(1.02) and est["blocks"] == 6
+    assert (
+        "(paired, 2 runs): tunebook/bench 1.020"
+        in pooled["comparison"]["output_tok_s"]["verdict_paired"]
+    )
+    with pytest.raises(ValueError, match="cannot pool"):
+        so.pool([result(1.0), result(1.0, {"A": "sampler_off", "B": "sampler_on"})])

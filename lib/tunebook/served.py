@@ -51,8 +51,9 @@ DEPLOYMENT_KEYS = {
     "request_timeout_s": "seconds one request may take",
     "metrics_interval_s": "seconds between /metrics samples while a workload runs (0.5)",
 }
-# The gauge sampler's period: each sample is a /metrics render in the API server, the process
-# that bounds a small model's serving, so it is not free (benchmarks/served_overhead.py).
+# The gauge sampler's period: each sample is a render of METRICS_SUBSET in the API server, the
+# process that bounds a small model's serving (0.6-0.8 ms of its CPU on the H200 node, against
+# 4-6 ms for the whole page; benchmarks/served_overhead.py measures both).
 METRICS_INTERVAL_S = 0.5
 # Options that exist only on the server path (not EngineArgs): passed to every `vllm serve`.
 SERVER_FLAGS = ("api_server_count", "uvicorn_log_level", "max_log_len")
