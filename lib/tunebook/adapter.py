@@ -295,14 +295,19 @@ class Engine:
         if self._driver is not None:
             self._driver.shutdown(wait=True)
             self._driver = None
-        gc.collect()
         try:
             import torch
 
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            on_device = torch.cuda.is_available()
         except Exception:
-            pass
+            on_device = False
+        # Free an in-process engine's device memory now, before the next start measures what is
+        # free. On the CPU it is host memory, and the next start's own full collection (vLLM's
+        # before it freezes its heap) frees it soon enough: a collection here costs ~0.45 s
+        # per point, vLLM having unfrozen its ~800,000 objects and collected twice already.
+        if on_device:
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def __enter__(self) -> Engine:
         return self.start()
