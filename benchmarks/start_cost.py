@@ -18,9 +18,17 @@ alternating a cold start (fresh, empty cache folders: ``VLLM_CACHE_ROOT``,
 filled). The first start fills the warm folders and is itself cold: order C W C W ...; each start
 is timed from spawn to healthy, its log parsed as above, and written as it finishes.
 
+``--measure --arms mp``: every start warm (one filling start first, not counted), alternating
+how the API server starts its engine-core process: ``spawn`` (what ``vllm serve`` sets when
+``VLLM_WORKER_MULTIPROC_METHOD`` is unset: a fresh interpreter that imports vLLM again) and
+``fork`` (that variable set to ``fork``: a copy of the already-imported API server), in ABBA
+order. ``api_to_engine_s`` is the gap from the API server's first log line to the engine
+core's first one: where a spawned engine core re-imports.
+
     python benchmarks/start_cost.py --logs runs/h200-20261203-b
     python benchmarks/start_cost.py --measure --model ernie-4.5-0.3b-pt --starts 4 \\
         --out runs/<run>/bench/start_cost.json
+    python benchmarks/start_cost.py --measure --arms mp --model ernie-4.5-0.3b-pt --starts 4
 """
 
 from __future__ import annotations
@@ -49,6 +57,10 @@ COMPILED = re.compile(r"Compiling a graph for compile range")
 LOADED = re.compile(r"Directly load the compiled graph")
 STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
 CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+QUESTIONS = {
+    "cache": "one vllm serve start: cold (empty cache folders) vs warm (filled)",
+    "mp": "one warm vllm serve start: engine core spawned (vllm serve's default) vs forked",
+}
 
 
 def _stamp(line: str) -> datetime | None:
@@ -72,6 +84,11 @@ def start_phases(text: str) -> dict:
     up = next((_stamp(x) for x in lines if "Starting vLLM server" in x), None)
     if first and up:
         out["log_to_serving_s"] = (up - first).total_seconds()
+    core = next((_stamp(x) for x in lines if x.startswith("(EngineCore")), None)
+    if first and core:
+        out["api_to_engine_s"] = (core - first).total_seconds()
+    if "We must use the `spawn` multiprocessing start method" in text:
+        out["forced_spawn"] = True  # vLLM overrode a requested fork (e.g. CUDA already initialised)
     return out
 
 
@@ -106,7 +123,7 @@ def summarise(rows: list[dict], key: str = "compile_cache") -> dict:
     for group in sorted({r.get(key) for r in rows if r.get(key)}):
         sel = [r for r in rows if r.get(key) == group]
         out[group] = {"starts": len(sel)}
-        for phase in (*PATTERNS, "log_to_serving_s", "start_s"):
+        for phase in (*PATTERNS, "log_to_serving_s", "api_to_engine_s", "start_s"):
             vals = [r[phase] for r in sel if r.get(phase) is not None]
             if vals:
                 out[group][phase] = [statistics.median(vals), min(vals), max(vals)]
@@ -114,7 +131,7 @@ def summarise(rows: list[dict], key: str = "compile_cache") -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ("start_s", "log_to_serving_s", "engine_init_s", "compile_s", "graph_capture_s")
+    cols = ("start_s", "log_to_serving_s", "api_to_engine_s", "engine_init_s", "compile_s")
     head = f"{'start':<24}{'cache':<12}" + "".join(f"{c:>17}" for c in cols)
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -124,21 +141,32 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def arm_order(arms: str, starts: int) -> list[str]:
+    """Cache: C W C W ... (the first cold start fills the warm folders). mp: one filling start,
+    then spawn and fork in ABBA order, so a drift over the run falls on both arms alike."""
+    if arms == "cache":
+        return ["cold" if i % 2 == 0 else "warm" for i in range(starts)]
+    abba = ("spawn", "fork", "fork", "spawn")
+    return ["fill"] + [abba[i % 4] for i in range(starts)]
+
+
 def measure(args) -> dict:
     from tunebook.served import Deployment
 
     settings = json.loads(args.settings) if args.settings else {}
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="start-cost-"))
     warm = root / "warm"
-    order = ["cold" if i % 2 == 0 else "warm" for i in range(args.starts)]
+    order = arm_order(args.arms, args.starts)
     rows: list[dict] = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     for i, arm in enumerate(order):
         # The first start fills the warm folders (cold itself); later cold starts get empty ones.
-        base = warm if (arm == "warm" or i == 0) else root / f"cold-{i}"
+        base = root / f"cold-{i}" if (arm == "cold" and i > 0) else warm
         env = {k: str(base / k.lower()) for k in CACHE_ENV}
+        if arm == "fork":
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         point = {
             "point_id": f"start-{i}-{arm}",
             "model": args.model,
@@ -163,14 +191,14 @@ def measure(args) -> dict:
         rows.append(row)
         print(table(rows).splitlines()[-1], flush=True)
         result = {
-            "question": "one vllm serve start: cold (empty cache folders) vs warm (filled)",
+            "question": QUESTIONS[args.arms],
             "date": time.strftime("%Y-%m-%d", time.localtime(t0)),
             "model": args.model,
             "settings": settings,
             "cache_env": list(CACHE_ENV),
             "order": order,
             "starts": rows,
-            "summary": summarise(rows, "arm"),
+            "summary": summarise([r for r in rows if r["arm"] != "fill"], "arm"),
             "wall_s": time.time() - t0,
         }
         out.write_text(json.dumps(result, indent=2))  # after every start: a cut run keeps its rows
@@ -186,7 +214,13 @@ def main() -> None:
     mode.add_argument("--measure", action="store_true", help="start real servers, cold and warm")
     ap.add_argument("--model", default="tiny-ernie", help="model folder or name under models/")
     ap.add_argument("--settings", default=None, help="vLLM settings as JSON (default: vLLM's)")
-    ap.add_argument("--starts", type=int, default=4, help="engine starts, alternating C W C W")
+    ap.add_argument(
+        "--arms",
+        choices=("cache", "mp"),
+        default="cache",
+        help="cache: cold vs warm compile cache; mp: engine core spawned vs forked (all warm)",
+    )
+    ap.add_argument("--starts", type=int, default=4, help="engine starts, alternating the arms")
     ap.add_argument("--work-dir", default=None, help="cache folders and logs (else a temp dir)")
     ap.add_argument("--out", default="runs/bench/start_cost.json")
     args = ap.parse_args()
@@ -200,7 +234,7 @@ def main() -> None:
         print(json.dumps(summarise(rows), indent=1))
         return
     if args.starts < 2:
-        sys.exit("--starts must be >= 2 (one cold, one warm)")
+        sys.exit("--starts must be >= 2 (one of each arm)")
     result = measure(args)
     print(json.dumps(result["summary"], indent=1))
     print(f"written: {args.out}")

@@ -5,7 +5,8 @@
 #        served (tunebook's client vs vllm bench serve on one warm server, all requests at once),
 #        served-c32 (the same, at most 32 requests in flight), served-sampler (tunebook's /metrics
 #        sampler off vs on, same server, at most 32 in flight), abba (bare LLM.generate vs
-#        Engine.run on one warm engine, ABBA), starts (cold vs warm compile cache),
+#        Engine.run on one warm engine, ABBA), starts (cold vs warm compile cache), starts-mp
+#        (warm starts, engine core spawned vs forked),
 #        00 01 02 03 04 (notebooks, resumable).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
@@ -50,6 +51,9 @@ for step in "$@"; do
     starts|starts-b) timeout -k 5 "$l" python3 benchmarks/start_cost.py --measure --model ernie-4.5-0.3b-pt \
              --starts 2 --work-dir "/tmp/$step" --out "runs/$rid/bench/${step/starts/start_cost}.json" \
              2>&1 | tail -30 ;;
+    starts-mp) timeout -k 5 "$l" python3 benchmarks/start_cost.py --measure --arms mp \
+             --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-mp \
+             --out "runs/$rid/bench/start_cost_mp.json" 2>&1 | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
              2>&1 | tail -20 ;;
     *) timeout -k 5 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \

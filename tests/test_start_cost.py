@@ -43,6 +43,7 @@ def test_a_cold_start_log():
         "engine_init_s": 43.6,
         "compile_cache": "compiled",
         "log_to_serving_s": 82.0,  # 18:50:40 -> 18:52:02
+        "api_to_engine_s": 36.0,  # 18:50:40 -> the engine core's first line, 18:51:16
     }
 
 
@@ -52,6 +53,21 @@ def test_a_warm_start_log_loads_from_the_cache():
     assert out["compile_s"] == 3.42 and out["engine_init_s"] == 8.51
     assert "graph_capture_s" not in out  # not logged: left out, not zero
     assert out["log_to_serving_s"] == 42.0
+    assert "forced_spawn" not in out
+
+
+def test_a_fork_that_vllm_overrode_is_flagged():
+    line = (
+        "(APIServer pid=9) WARNING 12-05 06:00:00 [system_utils.py:1] We must use the `spawn`"
+        " multiprocessing start method. Overriding VLLM_WORKER_MULTIPROC_METHOD to 'spawn'.\n"
+    )
+    assert sc.start_phases(line + WARM)["forced_spawn"] is True
+
+
+def test_arm_orders():
+    assert sc.arm_order("cache", 4) == ["cold", "warm", "cold", "warm"]
+    # mp: a filling start (not counted), then ABBA so a drift over the run hits both arms alike
+    assert sc.arm_order("mp", 4) == ["fill", "spawn", "fork", "fork", "spawn"]
 
 
 def test_logs_of_a_run_folder_in_start_order_with_the_points_start_seconds(tmp_path):
