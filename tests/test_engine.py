@@ -198,3 +198,38 @@ def test_kv_bytes_constant_matches_the_tiny_model(tiny_model):
     """Guards the arithmetic the capacity cases rely on: 8 MiB / 512 B = 16,384 tokens."""
     assert load_shape(tiny_model).kv_bytes_per_token() == 512
     assert KV_BYTES // 512 == 16 * MIB // 1024
+
+
+def test_in_process_workloads_of_one_config_and_repeat_share_one_engine_start(
+    tiny_model, module_run_dir
+):
+    """One engine per configuration and repeat runs every workload in turn: the later points
+    name the start they reused, carry no start seconds of their own, and each point keeps its
+    own workload, sampling and concurrency cap; the counters are each point's own."""
+    online = {**ONLINE_WORKLOAD, "seed": 5}
+    pts = make_points(
+        {**_base(tiny_model), "mode": "online"},
+        {"a": {}},
+        2,
+        {"x": WORKLOAD, "y": online},
+        point_overrides={"y": {"max_concurrency": 2}},
+        workload_repeats={"y": 1},
+    )
+    out = module_run_dir / "00_test" / "shared"
+    df = run_sweep(pts, out, isolate=False, progress=False)
+    assert sorted(df["point_id"]) == ["a--x-r0", "a--x-r1", "a--y-r0"]
+    assert list(df["status"]) == ["ok", "ok", "ok"]
+    res = {p["point_id"]: p for p in SweepDir(out).points()}
+    x0, y0, x1 = res["a--x-r0"], res["a--y-r0"], res["a--x-r1"]
+    assert "shared_start" not in x0 and "shared_start" not in x1  # r1 is a start of its own
+    assert y0["shared_start"] == "a--x-r0"
+    assert set(x0["seconds"]) == {"engine_start", "warmup", "measure"}
+    assert set(y0["seconds"]) == {"measure", "teardown"}  # the group's last point shuts down
+    assert set(x1["seconds"]) == {"engine_start", "warmup", "measure", "teardown"}
+    assert y0["engine_start_s"] == x0["engine_start_s"]  # the same engine's start, not another
+    assert x1["engine_start_s"] != x0["engine_start_s"]
+    _check_records(x0["requests"], WORKLOAD["num_requests"], WORKLOAD["output_len"])
+    assert len(y0["requests"]) == online["num_requests"]
+    # sampled gauges may miss moments, but never see more than the point's own cap
+    assert y0["metrics"]["num_requests_running_peak"] <= 2
+    assert y0["metrics"]["engine_generation_tokens"] == online["num_requests"] * online["output_len"]

@@ -345,6 +345,11 @@ def test_workloads_make_points_config_major_within_each_repeat():
     assert capped[0]["max_concurrency"] == 8 and "max_concurrency" not in capped[1]
     with pytest.raises(ConfigError, match="not workloads"):
         make_points({"model": "m"}, {"a": {}}, 1, {"x": {}}, {"z": {}})
+    with pytest.raises(ConfigError, match="workload_repeats: \\['z'\\] are not workloads"):
+        make_points({"model": "m"}, {"a": {}}, 1, {"x": {}}, workload_repeats={"z": 1})
+    # A workload on the first n starts only: C6 on one start of three, in-process.
+    some = make_points({"model": "m"}, {"a": {}}, 3, {"x": {}, "c6": {}}, workload_repeats={"c6": 1})
+    assert [p["point_id"] for p in some] == ["a--x-r0", "a--c6-r0", "a--x-r1", "a--x-r2"]
     # On one start, two workloads of one seed would share prompts (and the prefix cache).
     seeded = make_points(
         {"model": "m"}, {"a": {}}, 1, {"x": {}, "y": {"seed": 0}, "z": {"seed": 5}}
@@ -352,21 +357,25 @@ def test_workloads_make_points_config_major_within_each_repeat():
     assert [p["workload"].get("seed", 0) for p in seeded] == [0, 1000, 5]
 
 
-def test_served_points_of_one_config_and_repeat_share_a_start_and_nothing_else():
-    from tunebook.sweep import make_points, served_groups
+def test_points_of_one_config_and_repeat_share_a_start_and_nothing_else():
+    from tunebook.sweep import make_points, start_groups
 
     wls = {"x": {"kind": "fixed", "num_requests": 2}, "y": {"kind": "fixed", "num_requests": 3}}
     base = point("unused")
     pts = [Point.from_dict(p) for p in make_points(base, {"a": {}, "b": {}}, 2, wls)]
-    groups = served_groups(pts)
+    groups = start_groups(pts)
     assert [[p.point_id for p in g] for g in groups] == [
         ["a--x-r0", "a--y-r0"], ["b--x-r0", "b--y-r0"], ["a--x-r1", "a--y-r1"], ["b--x-r1", "b--y-r1"],
     ]  # fmt: skip
-    # In-process points never share: each is its own engine start.
+    # In-process points share an engine in this process; isolated, each is its own start.
     offline = [Point.from_dict({**p.to_dict(), "mode": "offline"}) for p in pts]
-    assert all(len(g) == 1 for g in served_groups(offline))
+    assert [len(g) for g in start_groups(offline)] == [2, 2, 2, 2]
+    assert all(len(g) == 1 for g in start_groups(offline, isolate=True))
+    # Served and in-process points of one configuration never share a start.
+    mixed = [pts[0], offline[1]]
+    assert [len(g) for g in start_groups(mixed)] == [1, 1]
     # A resumed sweep whose first point is done starts the rest of the group once.
-    assert [len(g) for g in served_groups(pts[1:])] == [1, 2, 2, 2]
+    assert [len(g) for g in start_groups(pts[1:])] == [1, 2, 2, 2]
 
 
 class _StandIn:

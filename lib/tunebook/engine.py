@@ -80,42 +80,96 @@ def execute(
         from .served import execute_served
 
         return execute_served(point, wl, on_sample=on_sample, log_dir=log_dir)
-    result = Result.skeleton(point, wl.summary())
-    seconds: dict[str, float] = {}
-    result.seconds = seconds
-    eng = Engine(point, on_sample=on_sample)
-    pid = point.point_id
+    out: list[dict] = []
+    execute_group([point], [wl], out.append, on_sample, shutdown=shutdown, raise_errors=True)
+    return out[0]
+
+
+def execute_group(
+    points: list[Point],
+    workloads: list[Workload],
+    on_result,
+    on_sample=None,
+    on_begin=None,
+    shutdown: bool = True,
+    raise_errors: bool = False,
+) -> None:
+    """In-process points of one configuration and one engine start (``start_key`` equal) on one
+    engine: start and warm up once, measure each point's workload in turn, shut down.
+
+    As ``served.execute_served_group``: each result goes to ``on_result`` as it is measured, the
+    first carries the start and warm-up seconds and the others name it in ``shared_start``; a
+    failed start fails every point, a failed measurement only its own point. ``raise_errors``
+    (one point, run by ``run_point``) raises instead, so that the caller keeps the traceback.
+    """
+    first = points[0]
+    eng = Engine(first, on_sample=on_sample)
+    seconds0: dict[str, float] = {}
+    error = None
+    t0 = time.perf_counter()
     try:
-        t = time.perf_counter()
-        phase("engine_start", pid)
-        eng.start()
-        result.engine_start_s = eng.start_s
-        result.capacity = eng.capacity()
-        result.env = eng.fingerprint()
-        seconds["engine_start"] = time.perf_counter() - t
-        t = time.perf_counter()
-        phase("warmup", pid)
-        eng.warmup(point.warmup_requests)
-        seconds["warmup"] = time.perf_counter() - t
-        t = time.perf_counter()
-        runs = []
-        for _ in range(point.repeats):
-            phase("measure", pid)
-            runs.append(eng.run(wl))
-        seconds["measure"] = time.perf_counter() - t
-        result.memory = eng.device_memory()
-        # The last repeat is the point's figure; all repeats' headline metrics are kept.
-        result.metrics = runs[-1]["metrics"]
-        result.repeat_metrics = [r["metrics"] for r in runs]
-        result.requests = runs[-1]["requests"]
-        result.timeline = runs[-1]["timeline"]
-        result.status = "ok"
+        try:
+            t = time.perf_counter()
+            phase("engine_start", first.point_id)
+            eng.start()
+            seconds0["engine_start"] = time.perf_counter() - t
+            t = time.perf_counter()
+            phase("warmup", first.point_id)
+            eng.warmup(first.warmup_requests)
+            seconds0["warmup"] = time.perf_counter() - t
+        except Exception as e:
+            if raise_errors:
+                raise
+            error = f"{type(e).__name__}: {e}"[:4000]
+        for i, (point, wl) in enumerate(zip(points, workloads, strict=True)):
+            t_point = time.perf_counter() if i else t0
+            if on_begin is not None:
+                on_begin(point.point_id)
+            result = Result.skeleton(point, wl.summary())
+            result.seconds = dict(seconds0) if i == 0 else {"measure": 0.0}
+            if i:
+                result.shared_start = first.point_id
+            eng.point = point  # this point's sampling, SLO, concurrency cap and output collection
+            if eng.start_s is not None:
+                result.engine_start_s = eng.start_s
+                result.capacity = eng.capacity()
+                result.env = eng.fingerprint()
+            if error is not None:
+                result.error = error if i == 0 else f"{error} (engine start of {first.point_id})"
+            else:
+                t = time.perf_counter()
+                try:
+                    _measure(eng, point, wl, result)
+                except Exception as e:
+                    if raise_errors:
+                        raise
+                    result.status = "failed"
+                    result.error = f"{type(e).__name__}: {e}"[:4000]
+                finally:
+                    result.seconds["measure"] = time.perf_counter() - t
+            if i == len(points) - 1 and shutdown:
+                t = time.perf_counter()
+                eng.shutdown()
+                result.seconds["teardown"] = time.perf_counter() - t
+            result.wall_s = time.perf_counter() - t_point
+            on_result(result.to_dict())
     finally:
         if shutdown:
-            t = time.perf_counter()
             eng.shutdown()
-            seconds["teardown"] = time.perf_counter() - t
-    return result.to_dict()
+
+
+def _measure(eng: Engine, point: Point, wl: Workload, result: Result) -> None:
+    runs = []
+    for _ in range(point.repeats):
+        phase("measure", point.point_id)
+        runs.append(eng.run(wl))
+    result.memory = eng.device_memory()
+    # The last repeat is the point's figure; all repeats' headline metrics are kept.
+    result.metrics = runs[-1]["metrics"]
+    result.repeat_metrics = [r["metrics"] for r in runs]
+    result.requests = runs[-1]["requests"]
+    result.timeline = runs[-1]["timeline"]
+    result.status = "ok"
 
 
 # --------------------------------------------------------------------------- one point

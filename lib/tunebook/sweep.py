@@ -27,6 +27,7 @@ def make_points(
     repeats: int = 1,
     workloads: dict[str, dict] | None = None,
     point_overrides: dict[str, dict] | None = None,
+    workload_repeats: dict[str, int] | None = None,
 ) -> list[dict]:
     """Points for named configurations, repeats interleaved: A-r0 B-r0 A-r1 B-r1 ...
 
@@ -35,8 +36,9 @@ def make_points(
     start, so repeats also span engine instances (the dominant noise on a shared GPU).
 
     ``workloads`` (name -> spec) gives each configuration several workloads, in order within
-    each repeat: A/x-r0 A/y-r0 B/x-r0 B/y-r0 A/x-r1 ... Served points of one configuration and
-    repeat then share one deployment start (``run_sweep``); point ids read ``<config>--<name>-r<i>``.
+    each repeat: A/x-r0 A/y-r0 B/x-r0 B/y-r0 A/x-r1 ... Points of one configuration and repeat
+    then share one engine start (``run_sweep``); point ids read ``<config>--<name>-r<i>``.
+    ``workload_repeats`` (name -> n) runs a workload on the first n repeats only.
     ``point_overrides`` (name -> point keys) sets client-side keys per workload, such as
     ``max_concurrency``. Workloads that would draw their prompts from one seed get distinct
     seeds (+1000 per position): on a shared start, a prompt seen by an earlier workload would
@@ -46,12 +48,18 @@ def make_points(
         raise ConfigError(f"repeats must be >= 1, got {repeats}", key="repeats")
     if workloads is not None and not workloads:
         raise ConfigError("workloads must name at least one workload", key="workloads")
-    unknown = sorted(set(point_overrides or {}) - set(workloads or {}))
-    if unknown:
-        raise ConfigError(f"point_overrides: {unknown} are not workloads", key="point_overrides")
+    for key, given in (
+        ("point_overrides", point_overrides),
+        ("workload_repeats", workload_repeats),
+    ):
+        unknown = sorted(set(given or {}) - set(workloads or {}))
+        if unknown:
+            raise ConfigError(f"{key}: {unknown} are not workloads", key=key)
     named = list(_distinct_seeds(workloads).items()) if workloads else [(None, None)]
     points = []
     for r, (name, cfg), (wl_name, wl) in itertools.product(range(repeats), configs.items(), named):
+        if r >= (workload_repeats or {}).get(wl_name, repeats):
+            continue
         p = copy.deepcopy(base)
         cfg = copy.deepcopy(cfg)
         p["settings"] = {**(p.get("settings") or {}), **cfg.pop("settings", {})}
@@ -206,7 +214,8 @@ def run_sweep(
 
 
 def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
-    """Points one after another in this process's control, each in its own engine start."""
+    """Points one after another in this process's control; consecutive points that differ only
+    in their workload share one engine start (``start_groups``)."""
     from .engine import run_point
 
     logs = sweep.root / "logs"
@@ -216,7 +225,7 @@ def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
 
         panel = LivePanel(desc, total=len(todo))
     try:
-        for group in served_groups(todo):
+        for group in start_groups(todo, isolate):
             p = group[0]
             phase("between", p.point_id)
             log_path = logs / f"{p.point_id}.log"
@@ -231,15 +240,26 @@ def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
             panel.close()
 
 
-def served_groups(points: list) -> list[list]:
-    """Consecutive served points that can share one deployment start (``served.deployment_key``:
-    same configuration, same repeat, only the workload differs); every other point alone."""
+def start_key(point, isolate: bool) -> str | None:
+    """What points must share to be measured on one engine start: the engine, its server, the
+    configuration's name and which start (repeat) of it this is; only the workload and its
+    measurement may differ. ``None`` for a point that needs a start of its own: an in-process
+    point run isolated (one child process per point)."""
     from .served import deployment_key
 
+    if point.mode == "served":
+        return deployment_key(point)
+    return None if isolate else point.mode + ":" + deployment_key(point)
+
+
+def start_groups(points: list, isolate: bool = False) -> list[list]:
+    """Consecutive points that can share one engine start (``start_key`` equal); every other
+    point alone. Served points share a deployment; in-process points (``isolate=False``) an
+    engine."""
     groups: list[list] = []
     last = None
     for p in points:
-        key = deployment_key(p) if p.mode == "served" else None
+        key = start_key(p, isolate)
         if key is not None and key == last:
             groups[-1].append(p)
         else:
@@ -249,20 +269,24 @@ def served_groups(points: list) -> list[list]:
 
 
 def _run_group(group: list, log_dir: Path, finish, panel) -> None:
-    """Served points on one deployment start, each result written as soon as it is measured."""
-    from .engine import workload_of
-    from .served import execute_served_group
+    """Points on one engine start, each result written as soon as it is measured."""
+    from .adapter import point_env
+    from .engine import execute_group, workload_of
 
     def done(result: dict) -> None:
         if panel is not None:
             panel.end_point(result)
         finish(result)
 
-    execute_served_group(
-        group,
-        [workload_of(p) for p in group],
-        log_dir,
-        done,
-        on_sample=panel.update if panel is not None else None,
-        on_begin=panel.start_point if panel is not None else None,
-    )
+    hooks = {
+        "on_sample": panel.update if panel is not None else None,
+        "on_begin": panel.start_point if panel is not None else None,
+    }
+    workloads = [workload_of(p) for p in group]
+    if group[0].mode == "served":
+        from .served import execute_served_group
+
+        execute_served_group(group, workloads, log_dir, done, **hooks)
+        return
+    with point_env(group[0].env):
+        execute_group(group, workloads, done, **hooks)

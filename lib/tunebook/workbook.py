@@ -51,6 +51,7 @@ class Workbook:
         repeats: int = 1,
         workloads: dict[str, dict] | None = None,
         point_overrides: dict[str, dict] | None = None,
+        workload_repeats: dict[str, int] | None = None,
         **extra,
     ) -> list[dict]:
         base = {
@@ -60,7 +61,7 @@ class Workbook:
             "workload": workload,
             **extra,
         }
-        return make_points(base, configs, repeats, workloads, point_overrides)
+        return make_points(base, configs, repeats, workloads, point_overrides, workload_repeats)
 
     def sweep(
         self,
@@ -70,13 +71,17 @@ class Workbook:
         repeats: int = 1,
         workloads: dict[str, dict] | None = None,
         point_overrides: dict[str, dict] | None = None,
+        workload_repeats: dict[str, int] | None = None,
         **extra,
     ):
         """Run (or resume) a sweep and return its DataFrame; failed points are rows with an error.
 
         ``workloads`` (name -> spec, instead of one ``workload``): every configuration runs each
-        of them in turn; in served mode on one deployment start per configuration and repeat."""
-        pts = self.points(configs, workload or {}, repeats, workloads, point_overrides, **extra)
+        of them in turn, on one engine start per configuration and repeat (served, or in-process
+        when not isolated); ``workload_repeats`` (name -> n) runs a workload on n starts only."""
+        pts = self.points(
+            configs, workload or {}, repeats, workloads, point_overrides, workload_repeats, **extra
+        )
         sd = SweepDir(self.sweep_dir(name))
         done = sum(1 for p in pts if p.get("point_id") and _done(sd, p["point_id"]))
         self._progress({"event": "start", "sweep": name, "points": len(pts), "done": done})
