@@ -232,4 +232,6 @@ def test_in_process_workloads_of_one_config_and_repeat_share_one_engine_start(
     assert len(y0["requests"]) == online["num_requests"]
     # sampled gauges may miss moments, but never see more than the point's own cap
     assert y0["metrics"]["num_requests_running_peak"] <= 2
-    assert y0["metrics"]["engine_generation_tokens"] == online["num_requests"] * online["output_len"]
+    assert (
+        y0["metrics"]["engine_generation_tokens"] == online["num_requests"] * online["output_len"]
+    )

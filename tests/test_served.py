@@ -348,7 +348,9 @@ def test_workloads_make_points_config_major_within_each_repeat():
     with pytest.raises(ConfigError, match="workload_repeats: \\['z'\\] are not workloads"):
         make_points({"model": "m"}, {"a": {}}, 1, {"x": {}}, workload_repeats={"z": 1})
     # A workload on the first n starts only: C6 on one start of three, in-process.
-    some = make_points({"model": "m"}, {"a": {}}, 3, {"x": {}, "c6": {}}, workload_repeats={"c6": 1})
+    some = make_points(
+        {"model": "m"}, {"a": {}}, 3, {"x": {}, "c6": {}}, workload_repeats={"c6": 1}
+    )
     assert [p["point_id"] for p in some] == ["a--x-r0", "a--c6-r0", "a--x-r1", "a--x-r2"]
     # On one start, two workloads of one seed would share prompts (and the prefix cache).
     seeded = make_points(
