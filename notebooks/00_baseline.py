@@ -65,13 +65,13 @@ engine_env: dict = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # environment of the
 repeats: int = 2  # engine starts per configuration, interleaved A B A B
 isolate: bool = False  # one child process per engine (a crash fails only its point)
 article_settings: dict = {"gpu_memory_utilization": 0.85, "max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16, "enable_prefix_caching": True, "max_paddings": 128, "scheduler_policy": "hybrid"}  # the article's configuration as written, nonexistent settings included
-workloads: dict = {"short_chat": {"kind": "uniform", "num_requests": 16, "min_prompt_len": 16, "max_prompt_len": 64, "output_len": 16, "seed": 1}, "medium": {"kind": "uniform", "num_requests": 8, "min_prompt_len": 256, "max_prompt_len": 512, "output_len": 16, "seed": 2}, "long": {"kind": "uniform", "num_requests": 4, "min_prompt_len": 1024, "max_prompt_len": 1536, "output_len": 16, "seed": 3}}  # name -> workload spec; one sweep each
+workloads: dict = {"short_chat": {"kind": "uniform", "num_requests": 16, "min_prompt_len": 16, "max_prompt_len": 64, "output_len": 16, "seed": 1}, "medium": {"kind": "uniform", "num_requests": 8, "min_prompt_len": 256, "max_prompt_len": 512, "output_len": 16, "seed": 2}, "long": {"kind": "uniform", "num_requests": 4, "min_prompt_len": 1024, "max_prompt_len": 1536, "output_len": 16, "seed": 3}}  # name -> workload spec; each engine start runs every one
 mode: str = "offline"  # "offline" (LLM.generate, all requests at once), "online" (AsyncLLM, streamed, client-side TTFT) or "served" (vllm serve over HTTP)
 max_concurrency: int = 0  # online and served modes: requests in flight at most (0: no cap)
 compare_mode: str = ""  # run the default once more in this mode, shown beside `mode` ("": no)
 sampling: dict = {"temperature": 0.0}  # SamplingParams for every request (greedy; the article used temperature 0.7, top_p 0.9)
 concurrent_workload: dict = {"kind": "fixed", "num_requests": 100, "prompt_len": 128, "output_len": 8, "seed": 4}  # C6: this many requests in flight at once, both configurations
-concurrent_repeats: int = 1  # engine starts per configuration for the concurrent run
+concurrent_repeats: int = 1  # in-process modes: how many starts per configuration also run C6 (served: every start)
 claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C6 arithmetic
 article_card_gib: float = 23.65  # the article's RTX 4090: total memory as CUDA reports it (what gpu_memory_utilization multiplies)
 claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article's max_model_len)
@@ -132,42 +132,31 @@ print(pd.DataFrame(article_changes).to_string(index=False) if article_changes el
 # %% [markdown]
 # ## Measurements
 #
-# One sweep per workload: both configurations, `repeats` engine starts each, interleaved. Served
-# (`mode="served"`): one sweep, in which each deployment start serves every workload in turn,
-# the 100-requests-at-once run of C6 below included.
+# One sweep: both configurations, `repeats` engine starts each, interleaved; each start serves every
+# workload in turn (an in-process engine, or in served mode one `vllm serve` deployment), then the
+# 100-requests-at-once run of C6 below (in-process: on the first `concurrent_repeats` starts).
 
 # %%
 frames = {}
-if mode == "served" and "concurrent" in workloads:
-    raise ValueError("served mode runs C6 as the workload 'concurrent': rename that workload")
-if mode == "served":
-    wb.sweep(
-        "baseline_served",
-        configs,
-        None,
-        repeats,
-        workloads={**workloads, "concurrent": concurrent_workload},
-        point_overrides={name: {"max_concurrency": cap} for name in workloads},
-        mode=mode,
-        sampling=sampling,
+if "concurrent" in workloads:
+    raise ValueError("C6 runs as the workload 'concurrent': rename that workload")
+sweep_name = f"baseline_{mode}"  # one engine start per configuration and repeat serves them all
+wb.sweep(
+    sweep_name,
+    configs,
+    None,
+    repeats,
+    workloads={**workloads, "concurrent": concurrent_workload},
+    point_overrides={name: {"max_concurrency": cap} for name in workloads},
+    workload_repeats=None if mode == "served" else {"concurrent": concurrent_repeats},
+    mode=mode,
+    sampling=sampling,
+)
+baseline_points = wb.results(sweep_name)
+for name in workloads:
+    frames[name] = bl.points_frame(
+        [r for r in baseline_points if r["workload"].get("name") == name]
     )
-    served_points = wb.results("baseline_served")
-    for name in workloads:
-        frames[name] = bl.points_frame(
-            [r for r in served_points if r["workload"].get("name") == name]
-        )
-else:
-    for name, spec in workloads.items():
-        wb.sweep(
-            f"baseline_{name}",
-            configs,
-            spec,
-            repeats,
-            mode=mode,
-            sampling=sampling,
-            max_concurrency=cap,
-        )
-        frames[name] = bl.points_frame(wb.results(f"baseline_{name}"))
 failed = {n: df.loc[df["status"] != "ok", ["point_id", "error"]] for n, df in frames.items()}
 for n, f in failed.items():
     if len(f):
@@ -248,21 +237,8 @@ print(
 )
 
 # %%
-if mode == "served":  # measured above, on the same deployment starts as the workloads
-    conc_sweep = "baseline_served"
-    conc_results = [r for r in served_points if r["workload"].get("name") == "concurrent"]
-else:
-    conc_sweep = "concurrent"
-    wb.sweep(
-        "concurrent",
-        configs,
-        concurrent_workload,
-        concurrent_repeats,
-        mode=mode,
-        sampling=sampling,
-        max_concurrency=None,
-    )
-    conc_results = wb.results("concurrent")
+# measured above, on the same engine starts as the workloads
+conc_results = [r for r in baseline_points if r["workload"].get("name") == "concurrent"]
 conc = bl.points_frame(conc_results)
 
 
@@ -312,9 +288,7 @@ v_c1 = bl.c1_verdict(
     frames,
     platform,
     repeats,
-    evidence=str(
-        wb.sweep_dir("baseline_served" if mode == "served" else f"baseline_{next(iter(frames))}")
-    ),
+    evidence=str(wb.sweep_dir(sweep_name)),
     vllm_version=engine.vllm_version(),
     card_gib=article_card_gib,
 )
@@ -327,7 +301,7 @@ v_c6 = bl.c6_verdict(
     conc,
     concurrent_workload["num_requests"],
     frames,
-    evidence=str(wb.sweep_dir(conc_sweep)),
+    evidence=str(wb.sweep_dir(sweep_name)),
     platform=platform,
 )
 print(claims.describe(v_c6))
