@@ -590,7 +590,9 @@ def scrape_cost(dep, n: int = 50) -> dict:
         cmd = " ".join(p.cmdline())
         return "vllm" in cmd and " serve" in cmd and "tunebook.isolation" not in cmd
 
-    api = next((p for p in [root, *root.children(recursive=True)] if is_server(p)), None)
+    # forked by tunebook.launcher: the server is the root itself, its cmdline the launcher's
+    candidates = [root, *root.children(recursive=True)]
+    api = root if dep.server_start == "forked" else next(filter(is_server, candidates), None)
     if api is None:
         return {"error": "no vllm serve process found under the deployment"}
     out = {}
@@ -708,6 +710,9 @@ def measure(args) -> dict:
             bench.close()
         if dep is not None:
             dep.shutdown()
+        from tunebook.launcher import close_all
+
+        close_all()  # the launcher that forked the server: nothing may be left
     left = our_processes()
     failed = sum(r.get("failed") or 0 for r in runs)
     return {

@@ -25,10 +25,17 @@ how the API server starts its engine-core process: ``spawn`` (what ``vllm serve`
 order. ``api_to_engine_s`` is the gap from the API server's first log line to the engine
 core's first one: where a spawned engine core re-imports.
 
+``--measure --arms launcher``: every start warm, alternating how the API server itself starts:
+``spawned`` (a new ``vllm serve`` process that imports vLLM, torch and the server) and ``forked``
+(``tunebook.launcher``: a process that imported them once forks the server), ABBA after one
+filling start, which is forked so that the launcher's one import (``launcher_ready_s``, paid once
+per environment and sweep process) is reported apart. ``--engine-core fork`` applies to both.
+
     python benchmarks/start_cost.py --logs runs/h200-20261203-b
     python benchmarks/start_cost.py --measure --model ernie-4.5-0.3b-pt --starts 4 \\
         --out runs/<run>/bench/start_cost.json
     python benchmarks/start_cost.py --measure --arms mp --model ernie-4.5-0.3b-pt --starts 4
+    python benchmarks/start_cost.py --measure --arms launcher --model ernie-4.5-0.3b-pt --starts 4
 """
 
 from __future__ import annotations
@@ -60,7 +67,10 @@ CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 QUESTIONS = {
     "cache": "one vllm serve start: cold (empty cache folders) vs warm (filled)",
     "mp": "one warm vllm serve start: engine core spawned (vllm serve's default) vs forked",
+    "launcher": "one warm vllm serve start: a new process vs forked from tunebook's launcher",
 }
+# How the API server itself starts in each arm (Point.serve's "launcher").
+SERVER_START = {"spawned": "spawn", "forked": "fork", "fill-forked": "fork"}
 
 
 def _stamp(line: str) -> datetime | None:
@@ -146,6 +156,9 @@ def arm_order(arms: str, starts: int) -> list[str]:
     then spawn and fork in ABBA order, so a drift over the run falls on both arms alike."""
     if arms == "cache":
         return ["cold" if i % 2 == 0 else "warm" for i in range(starts)]
+    if arms == "launcher":
+        abba = ("spawned", "forked", "forked", "spawned")
+        return ["fill-forked"] + [abba[i % 4] for i in range(starts)]
     abba = ("spawn", "fork", "fork", "spawn")
     return ["fill"] + [abba[i % 4] for i in range(starts)]
 
@@ -165,7 +178,7 @@ def measure(args) -> dict:
         # The first start fills the warm folders (cold itself); later cold starts get empty ones.
         base = root / f"cold-{i}" if (arm == "cold" and i > 0) else warm
         env = {k: str(base / k.lower()) for k in CACHE_ENV}
-        if arm == "fork":
+        if arm == "fork" or args.engine_core == "fork":
             env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         point = {
             "point_id": f"start-{i}-{arm}",
@@ -174,10 +187,12 @@ def measure(args) -> dict:
             "workload": {"kind": "fixed", "num_requests": 1, "prompt_len": 16, "output_len": 4},
             "settings": settings,
             "env": env,
+            # the cache and mp arms start every server afresh, as they always have
+            "serve": {"launcher": SERVER_START.get(arm, "spawn")},
         }
         log_dir = root / f"logs-{i}"
         dep = Deployment(point, log_dir)
-        row: dict = {"arm": arm, "start": i}
+        row: dict = {"arm": arm, "start": i, "server_start": dep.server_start}
         try:
             dep.start()
             row["start_s"] = dep.start_s
@@ -198,11 +213,20 @@ def measure(args) -> dict:
             "cache_env": list(CACHE_ENV),
             "order": order,
             "starts": rows,
-            "summary": summarise([r for r in rows if r["arm"] != "fill"], "arm"),
+            "summary": summarise([r for r in rows if not r["arm"].startswith("fill")], "arm"),
+            "launcher_ready_s": launcher_ready_s(),
+            "engine_core": args.engine_core,
             "wall_s": time.time() - t0,
         }
         out.write_text(json.dumps(result, indent=2))  # after every start: a cut run keeps its rows
     return result
+
+
+def launcher_ready_s() -> list[float]:
+    """Seconds each launcher of this process took to import vLLM's CLI (once per environment)."""
+    from tunebook import launcher
+
+    return [x.ready_s for x in launcher._LAUNCHERS.values() if x.ready_s is not None]
 
 
 def main() -> None:
@@ -216,9 +240,16 @@ def main() -> None:
     ap.add_argument("--settings", default=None, help="vLLM settings as JSON (default: vLLM's)")
     ap.add_argument(
         "--arms",
-        choices=("cache", "mp"),
+        choices=("cache", "mp", "launcher"),
         default="cache",
-        help="cache: cold vs warm compile cache; mp: engine core spawned vs forked (all warm)",
+        help="cache: cold vs warm compile cache; mp: engine core spawned vs forked (all warm);"
+        " launcher: the API server spawned vs forked from tunebook's launcher (all warm)",
+    )
+    ap.add_argument(
+        "--engine-core",
+        choices=("spawn", "fork"),
+        default="spawn",
+        help="every arm: how the API server starts its engine core (VLLM_WORKER_MULTIPROC_METHOD)",
     )
     ap.add_argument("--starts", type=int, default=4, help="engine starts, alternating the arms")
     ap.add_argument("--work-dir", default=None, help="cache folders and logs (else a temp dir)")

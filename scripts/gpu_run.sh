@@ -6,7 +6,9 @@
 #        served-c32 (the same, at most 32 requests in flight), served-sampler (tunebook's /metrics
 #        sampler off vs on, same server, at most 32 in flight), abba (bare LLM.generate vs
 #        Engine.run on one warm engine, ABBA), starts (cold vs warm compile cache), starts-mp
-#        (warm starts, engine core spawned vs forked),
+#        (warm starts, engine core spawned vs forked), starts-launcher (warm starts, the API server
+#        spawned vs forked from tunebook's launcher), starts-launcher-fork (the same, engine core
+#        forked in both arms),
 #        00 01 02 03 04 (notebooks, resumable).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
@@ -54,6 +56,10 @@ for step in "$@"; do
     starts-mp) timeout -k 5 "$l" python3 benchmarks/start_cost.py --measure --arms mp \
              --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-mp \
              --out "runs/$rid/bench/start_cost_mp.json" 2>&1 | tail -30 ;;
+    starts-launcher|starts-launcher-fork) timeout -k 5 "$l" python3 benchmarks/start_cost.py \
+             --measure --arms launcher --model ernie-4.5-0.3b-pt --starts 4 --work-dir "/tmp/$step" \
+             --engine-core "$([ "$step" = starts-launcher-fork ] && echo fork || echo spawn)" \
+             --out "runs/$rid/bench/start_cost_${step#starts-}.json" 2>&1 | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
              2>&1 | tail -20 ;;
     *) timeout -k 5 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \

@@ -32,14 +32,19 @@ def served_processes() -> list:
     """Live processes of this test session that belong to a served deployment."""
     import psutil
 
+    from tunebook import launcher
+
     tag = os.environ[TEST_TAG_ENV]
+    # A launcher lives as long as the session by design; the servers it forks must not.
+    launchers = {x.proc.pid for x in launcher._LAUNCHERS.values()}
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid in (os.getpid(), *launchers):
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            if not any(k in cmd for k in ("vllm", "tunebook.isolation", "tunebook.loadgen")):
+            keys = ("vllm", "tunebook.isolation", "tunebook.loadgen", "tunebook.launcher")
+            if not any(k in cmd for k in keys):
                 if "EngineCore" not in (p.name() or ""):
                     continue
             if p.environ().get(TEST_TAG_ENV) == tag:
@@ -153,6 +158,7 @@ garbage line
         ({"client_workers": 0}, r"client_workers=0"),
         ({"metrics_interval_s": 0}, r"metrics_interval_s=0 must be a number of seconds > 0"),
         ({"metrics_interval_s": "1s"}, r"metrics_interval_s='1s'"),
+        ({"launcher": "forkserver"}, r"launcher='forkserver': use 'fork' or 'spawn'"),
     ],
 )
 def test_bad_deployments_fail_before_any_server(serve, match):
@@ -500,6 +506,7 @@ def test_capacity_search_on_one_engine_start(tmp_path):
         assert m["slo"] == slo_text(SLO)
         assert res["capacity"]["engine_kv_tokens"] == 65536  # 32 MiB / 512 B per token
         assert res["env"]["server"] == "vllm serve" and res["env"]["replicas"] == 1
+        assert res["env"]["server_start"] == "forked"  # from the session's launcher
         assert (tmp_path / "logs" / "cap" / "replica0.log").is_file()
     finally:
         assert wait_gone() == []
@@ -516,9 +523,8 @@ def test_one_deployment_start_serves_every_workload_of_a_configuration(tmp_path)
         "short": {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_len": 4},
         "long": {"kind": "fixed", "num_requests": 3, "prompt_len": 200, "output_len": 8},
     }
-    pts = make_points(
-        point("unused"), {"a": {}, "b": {"settings": {**SETTINGS, "stream_interval": 4}}}, 1, wls
-    )
+    b = {"settings": {**SETTINGS, "stream_interval": 4}, "serve": {"launcher": "spawn"}}
+    pts = make_points(point("unused"), {"a": {}, "b": b}, 1, wls)
     df = run_sweep(pts, tmp_path / "sw", progress=False)
     try:
         assert list(df["status"]) == ["ok"] * 4, df["error"].tolist()
@@ -533,6 +539,9 @@ def test_one_deployment_start_serves_every_workload_of_a_configuration(tmp_path)
         assert a0["workload"]["num_requests"] == 4 and a1["workload"]["num_requests"] == 3
         assert a1["metrics"]["num_requests"] == 3
         assert res["b--long-r0"]["shared_start"] == "b--short-r0"
+        # a forked from the session's launcher, b a new `vllm serve` process: both serve
+        assert a0["env"]["server_start"] == "forked"
+        assert res["b--short-r0"]["env"]["server_start"] == "spawned"
         assert sorted(p.name for p in (tmp_path / "sw" / "logs").iterdir()) == [
             "a--short-r0",
             "b--short-r0",

@@ -82,7 +82,8 @@ def test_a_replica_that_never_becomes_healthy_times_out_with_its_log(tmp_path, m
         "mode": "served",
         "settings": dict(SETTINGS),
         "workload": {"kind": "fixed", "num_requests": 2, "prompt_len": 16, "output_len": 4},
-        "serve": {"start_timeout_s": 3},
+        # spawned: the fake replaces the command line, which a launcher's fork never runs
+        "serve": {"start_timeout_s": 3, "launcher": "spawn"},
         "warmup_requests": 0,
     }
     try:

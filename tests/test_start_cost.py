@@ -68,6 +68,9 @@ def test_arm_orders():
     assert sc.arm_order("cache", 4) == ["cold", "warm", "cold", "warm"]
     # mp: a filling start (not counted), then ABBA so a drift over the run hits both arms alike
     assert sc.arm_order("mp", 4) == ["fill", "spawn", "fork", "fork", "spawn"]
+    # launcher: the filling start is forked, so the launcher's one import is not in an arm
+    assert sc.arm_order("launcher", 4) == ["fill-forked", "spawned", "forked", "forked", "spawned"]
+    assert {sc.SERVER_START[a] for a in sc.arm_order("launcher", 4)} == {"fork", "spawn"}
 
 
 def test_logs_of_a_run_folder_in_start_order_with_the_points_start_seconds(tmp_path):

@@ -1,7 +1,8 @@
 """tunebook: a Jupyter tuning workbook for vLLM. Measure, don't guess.
 
-Only `tunebook.engine` imports vllm; everything else is pure Python so that it can be tested and
-imported on machines without an engine.
+Only `tunebook.adapter` imports vllm in the sweep's process (`tunebook.launcher` imports its CLI
+in a process of its own); everything else is pure Python so that it can be tested and imported on
+machines without an engine.
 """
 
 from .errors import ConfigError, EngineFailure, TunebookError

@@ -50,7 +50,10 @@ DEPLOYMENT_KEYS = {
     "start_timeout_s": "seconds a replica may take to answer /health",
     "request_timeout_s": "seconds one request may take",
     "metrics_interval_s": "seconds between /metrics samples while a workload runs (0.5)",
+    "launcher": "'fork' (default): each `vllm serve` forked from a process that imported vLLM's"
+    " CLI once (tunebook.launcher); 'spawn': a fresh process per server",
 }
+LAUNCHERS = ("fork", "spawn")
 # The gauge sampler's period: each sample is a render of METRICS_SUBSET in the API server, the
 # process that bounds a small model's serving (0.6-0.8 ms of its CPU on the H200 node, against
 # 4-6 ms for the whole page; benchmarks/served_overhead.py measures both).
@@ -203,6 +206,9 @@ def check_deployment(point: Point) -> None:
             key="metrics_interval_s",
             source=src,
         )
+    how = serve.get("launcher", "fork")
+    if how not in LAUNCHERS:
+        raise ConfigError(f"launcher={how!r}: use 'fork' or 'spawn'", key="launcher", source=src)
     port = serve.get("port")
     if port is not None:
         ports = [port + i for i in range(n + (1 if n > 1 or policy else 0))]
@@ -295,7 +301,7 @@ class Deployment:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.kwargs = self.point.engine_kwargs()
         self.model_name = "tunebook"  # --served-model-name: one name whatever the path
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []  # subprocess.Popen, or launcher.LaunchedProcess when forked
         self._stopped: set[int] = set()  # replicas shut down (shutdown runs once per replica)
         self.logs: list[Path] = []
         self.urls: list[str] = []
@@ -304,6 +310,12 @@ class Deployment:
         self.router_url: str | None = None
         self.client: LoadGenerator | None = None
         self.start_s: float | None = None
+        # "forked" from a launcher that imported vLLM's CLI once, or "spawned" afresh.
+        self.server_start = "spawned"
+        if self.point.serve.get("launcher", "fork") == "fork":
+            from .launcher import enabled
+
+            self.server_start = "forked" if enabled() else "spawned"
 
     # -- commands
     def replica_kwargs(self) -> dict:
@@ -325,10 +337,16 @@ class Deployment:
         return replica_engine_kwargs(kw, self.replicas)
 
     def server_argv(self, port: int) -> list[str]:
-        from .assemble import cli_args
+        """The whole `vllm serve` command line of one replica."""
         from .serve import vllm_cli
 
-        argv = [*vllm_cli(), "serve", *cli_args(self.replica_kwargs())]
+        return [*vllm_cli(), *self.serve_args(port)]
+
+    def serve_args(self, port: int) -> list[str]:
+        """``serve ...``: the arguments after ``vllm``."""
+        from .assemble import cli_args
+
+        argv = ["serve", *cli_args(self.replica_kwargs())]
         for k in SERVER_FLAGS:
             if k in self.point.serve:
                 argv += ["--" + k.replace("_", "-"), str(self.point.serve[k])]
@@ -392,6 +410,16 @@ class Deployment:
         log = self.log_dir / f"replica{i}.log"
         self.logs.append(log)
         self.urls.append(f"http://127.0.0.1:{port}")
+        if self.server_start == "forked":
+            from .launcher import LauncherError, launcher_for
+
+            try:
+                launcher = launcher_for(self._env(i), self.log_dir)
+                self.procs.append(launcher.launch(self.serve_args(port), log))
+                return
+            except LauncherError as e:  # the launcher, not the server: start this one afresh
+                print(f"tunebook: {e}; starting vllm serve as a new process", file=sys.stderr)
+                self.server_start = "spawned"
         cmd = [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
         with open(log, "w") as f:
             self.procs.append(spawn(cmd, f, self._env(i)))
@@ -516,6 +544,7 @@ class Deployment:
             "settings": self.point.settings,
             "serve": self.point.serve,
             "server": "vllm serve",
+            "server_start": self.server_start,
             "replicas": self.replicas,
             "router": f"vllm-router {_dist_version('vllm-router')} ({self.policy})"
             if self.router

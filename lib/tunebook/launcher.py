@@ -1,0 +1,346 @@
+"""Start `vllm serve` without paying for its imports every time.
+
+A warm `vllm serve` start on an H200 took 47-78 s, 17-30 s of it before the API server's first
+log line: Python importing vLLM, torch and the server (13 s on two CPU cores). A served sweep
+starts dozens of servers with the same environment. A *launcher* imports vLLM's command line
+once and forks one child per server; the child sets its log, argv and working folder and calls
+the entrypoint the ``vllm`` script calls (``vllm.entrypoints.cli.main.main``), so it is the
+process ``vllm serve ...`` would be, with its imports already done. vLLM itself does the same
+when ``LLM`` forks its engine core after importing vLLM.
+
+Part of the second, declared boundary to vLLM (its command line, with ``serve`` and ``served``):
+this module imports no vLLM in the sweep's process, only in the launcher.
+
+What stays equal: a launcher serves exactly the environment it was started with (a module may
+read a variable while it is imported), so every distinct environment gets its own launcher. The
+child starts a new session, as ``isolation.spawn`` does, so ``kill_group`` stops it and its
+engine core; it kills that session if the launcher dies, and the launcher exits when the sweep
+does, so nothing outlives its point.
+
+Protocol, one JSON object per line: the sweep writes ``{"argv": [...], "log": path, "cwd":
+path}`` to the launcher's stdin; the launcher answers on its stdout ``{"pid": n}`` (or
+``{"error": text}``) and later ``{"exit": pid, "code": n}`` when that child ends (a negative
+code: the signal, as in ``subprocess``). Its first line is ``{"ready": import_s}`` or
+``{"error": text}``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .interrupt import PARENT_ENV
+
+# Imported once in the launcher: the CLI and what `vllm serve` imports before its first log line.
+PRELOAD = (
+    "vllm.entrypoints.cli.main",
+    "vllm.entrypoints.cli.serve",
+    "vllm.entrypoints.cli.openai",
+    "vllm.entrypoints.openai.api_server",
+)
+READY_TIMEOUT_S = 600.0  # the first import on a cold node's file cache
+
+
+# --------------------------------------------------------------------------- the sweep's side
+class LauncherError(RuntimeError):
+    """The launcher itself failed (not the server it was asked for): start the server afresh."""
+
+
+class LaunchedProcess:
+    """A server forked by a launcher, with the part of ``subprocess.Popen`` the sweep uses."""
+
+    def __init__(self, pid: int, argv: list[str]):
+        self.pid = pid
+        self.args = argv
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def _exited(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Launcher:
+    """One launcher process for one environment (see the module doc)."""
+
+    def __init__(self, env: dict[str, str], log: str | Path):
+        self.env = {**env, PARENT_ENV: str(os.getpid())}
+        self.log = Path(log)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tunebook.launcher", str(self.log)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+        )
+        self.ready_s: float | None = None
+        self._children: dict[int, LaunchedProcess] = {}
+        self._early_exits: dict[int, int] = {}
+        self._replies: list[dict] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._abandoned = 0  # launches given up before their answer came
+        self._lock = threading.Lock()  # one launch at a time: replies come in request order
+        threading.Thread(target=self._read, name="tunebook-launcher", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            with self._cond:
+                if "exit" in msg:
+                    child = self._children.pop(int(msg["exit"]), None)
+                    if child is not None:
+                        child._exited(int(msg["code"]))
+                    else:  # it died before launch() took its pid: launch() looks here
+                        self._early_exits[int(msg["exit"])] = int(msg["code"])
+                elif "ready" in msg:
+                    self.ready_s = float(msg["ready"])
+                elif self._abandoned:  # the answer to a launch given up: see _abandon
+                    self._abandoned -= 1
+                    self._abandon(msg)
+                else:
+                    self._replies.append(msg)
+                self._cond.notify_all()
+        # The launcher is gone: its children kill their own sessions when it dies.
+        with self._cond:
+            self._closed = True
+            for child in self._children.values():
+                child._exited(-signal.SIGKILL)
+            self._children.clear()
+            self._cond.notify_all()
+
+    def launch(self, argv: list[str], log: str | Path, cwd: str | Path | None = None):
+        """Fork ``vllm <argv>`` with its output to ``log``; a Popen-like handle."""
+        req = {"argv": list(argv), "log": str(log), "cwd": str(cwd or os.getcwd())}
+        with self._lock:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write((json.dumps(req) + "\n").encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError) as e:
+                raise LauncherError(f"the vllm serve launcher has exited: {self._tail()}") from e
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            with self._cond:
+                try:
+                    while not self._replies and not self._closed:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise LauncherError(
+                                f"the vllm serve launcher did not answer: {self._tail()}"
+                            )
+                        self._cond.wait(min(left, 1.0))
+                except BaseException:  # Ctrl-C or the timeout: nobody will own that server
+                    self._abandon(self._replies.pop(0) if self._replies else None)
+                    raise
+                if not self._replies:
+                    raise LauncherError(f"the vllm serve launcher has exited: {self._tail()}")
+                msg = self._replies.pop(0)
+                if "error" in msg:
+                    raise LauncherError(f"the vllm serve launcher could not fork: {msg['error']}")
+                child = LaunchedProcess(int(msg["pid"]), ["vllm", *argv])
+                if child.pid in self._early_exits:
+                    child._exited(self._early_exits.pop(child.pid))
+                else:
+                    self._children[child.pid] = child
+                return child
+
+    def _abandon(self, msg: dict | None) -> None:
+        """A launch given up (interrupted): kill its server now or, if its answer has not come
+        yet, when it comes. Called with ``_cond`` held."""
+        if msg is None:
+            self._abandoned += 1
+        elif "pid" in msg:  # the pid first: the child may not have started its session yet
+            for kill in (os.kill, os.killpg):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(int(msg["pid"]), signal.SIGKILL)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and not self._closed
+
+    def close(self) -> None:
+        """Stop the launcher (its children, if any are left, kill their sessions when it goes)."""
+        if self.proc.poll() is None:
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def _tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"exit code {self.proc.poll()}"
+        return "\n".join(lines[-n:]) or f"exit code {self.proc.poll()}"
+
+
+_LAUNCHERS: dict[tuple, Launcher] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    """Whether `vllm serve` may be forked from a launcher: vLLM's CLI importable by this Python,
+    and not switched off by ``TUNEBOOK_SERVE_LAUNCHER=0``."""
+    if os.environ.get("TUNEBOOK_SERVE_LAUNCHER", "1").lower() in ("0", "false", "no", "off"):
+        return False
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("vllm.entrypoints.cli.main") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def launcher_for(env: dict[str, str], log_dir: str | Path) -> Launcher:
+    """The launcher of this environment, started on first use (its log: ``log_dir``/launcher.log)."""
+    key = tuple(sorted((k, v) for k, v in env.items() if k != PARENT_ENV))
+    with _REGISTRY_LOCK:
+        launcher = _LAUNCHERS.get(key)
+        if launcher is None or not launcher.alive():
+            launcher = Launcher(env, Path(log_dir) / "launcher.log")
+            _LAUNCHERS[key] = launcher
+        return launcher
+
+
+@atexit.register
+def close_all() -> None:
+    """Stop every launcher of this process (also at exit)."""
+    with _REGISTRY_LOCK:
+        for launcher in _LAUNCHERS.values():
+            launcher.close()
+        _LAUNCHERS.clear()
+
+
+# --------------------------------------------------------------------------- the launcher's side
+def _child(req: dict, launcher_pid: int) -> int:
+    """In the forked child: become `vllm <argv>` and return its exit status."""
+    os.setsid()  # its own session: kill_group(pid) stops it and the engine core it starts
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.closerange(3, 65536)  # the protocol pipe and the launcher's log are not the server's
+    os.chdir(req["cwd"])
+    sys.argv = ["vllm", *req["argv"]]
+
+    def watch() -> None:  # the launcher gone (the sweep killed): take the whole session down
+        while os.getppid() == launcher_pid:
+            time.sleep(0.5)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tunebook-launcher-watch", daemon=True).start()
+    from vllm.entrypoints.cli.main import main
+
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _serve(log: str) -> int:
+    """The launcher: import vLLM's CLI, then fork a child per request until stdin closes."""
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)  # what importing vLLM prints goes to the log, not into the protocol
+    os.dup2(fd, 2)
+    os.close(fd)
+    parent = os.getppid()
+    t0 = time.perf_counter()
+    try:
+        import importlib
+
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException as e:  # noqa: BLE001 - the sweep falls back to a spawned server
+        import traceback
+
+        traceback.print_exc()
+        reply.write(json.dumps({"error": f"importing vLLM's CLI failed: {e!r}"}) + "\n")
+        return 1
+    reply.write(json.dumps({"ready": round(time.perf_counter() - t0, 3)}) + "\n")
+    print(f"launcher ready: {PRELOAD} imported in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    me = os.getpid()
+    buf = b""
+    children: set[int] = set()
+    while os.getppid() == parent:
+        readable, _, _ = select.select([0], [], [], 0.25)
+        for pid in list(children):  # reap, and tell the sweep
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done:
+                children.discard(pid)
+                code = os.waitstatus_to_exitcode(status)
+                reply.write(json.dumps({"exit": pid, "code": code}) + "\n")
+        if not readable:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            break  # the sweep closed us
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+            except (ValueError, OSError) as e:
+                reply.write(json.dumps({"error": repr(e)}) + "\n")
+                continue
+            if pid == 0:
+                reply.close()
+                # Leaves through SystemExit: the interpreter exits as the `vllm` script would.
+                raise SystemExit(_child(req, me))
+            children.add(pid)
+            print(f"forked {pid}: vllm {' '.join(req['argv'])}", flush=True)
+            reply.write(json.dumps({"pid": pid}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1]))

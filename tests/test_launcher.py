@@ -1,0 +1,117 @@
+"""tunebook.launcher: `vllm serve` forked from a process that imported vLLM's CLI once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from test_served import point, wait_gone
+
+from tunebook import launcher, served
+from tunebook.interrupt import PARENT_ENV
+from tunebook.points import Point
+
+
+class FakeLauncher:
+    def __init__(self, env, log):
+        self.env, self.log = env, log
+
+    def alive(self) -> bool:
+        return True
+
+
+def test_one_launcher_per_environment(monkeypatch, tmp_path):
+    """A module may read a variable while it is imported: a launcher serves only the environment
+    it started with. Our own parent-pid marker does not count."""
+    monkeypatch.setattr(launcher, "Launcher", FakeLauncher)
+    monkeypatch.setattr(launcher, "_LAUNCHERS", {})
+    a = launcher.launcher_for({"A": "1", PARENT_ENV: "1"}, tmp_path)
+    assert launcher.launcher_for({"A": "1", PARENT_ENV: "2"}, tmp_path / "x") is a
+    assert launcher.launcher_for({"A": "2"}, tmp_path) is not a
+    assert a.log == tmp_path / "launcher.log"
+
+
+def test_the_launcher_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("TUNEBOOK_SERVE_LAUNCHER", "0")
+    assert launcher.enabled() is False
+    dep = served.Deployment(Point.from_dict(point("off")), "/tmp/unused")
+    assert dep.server_start == "spawned"
+    monkeypatch.delenv("TUNEBOOK_SERVE_LAUNCHER")
+    assert launcher.enabled() is True  # vLLM's CLI is importable here
+    assert served.Deployment(Point.from_dict(point("on")), "/tmp/unused").server_start == "forked"
+    spawn = point("sp", serve={"launcher": "spawn"})
+    assert served.Deployment(Point.from_dict(spawn), "/tmp/unused").server_start == "spawned"
+
+
+def test_a_dead_launcher_is_an_error_of_its_own(tmp_path):
+    """So that the deployment can tell it from a server that failed, and start one afresh."""
+    x = launcher.Launcher(dict(os.environ), tmp_path / "launcher.log")
+    x.proc.kill()
+    x.proc.wait()
+    with pytest.raises(launcher.LauncherError, match="launcher has exited"):
+        x.launch(["serve", "nothing"], tmp_path / "server.log")
+
+
+def test_a_failing_launcher_falls_back_to_a_new_process(monkeypatch, tmp_path):
+    def broken(env, log_dir):
+        raise launcher.LauncherError("the vllm serve launcher has exited: boom")
+
+    started = []
+    monkeypatch.setattr(launcher, "launcher_for", broken)
+    monkeypatch.setattr(served, "spawn", lambda cmd, log, env: started.append(cmd) or "proc")
+    dep = served.Deployment(Point.from_dict(point("fb")), tmp_path)
+    assert dep.server_start == "forked"
+    dep._start_replica(0, 12345)
+    assert dep.server_start == "spawned" and dep.procs == ["proc"]
+    assert started[0][1:4] == ["-m", "tunebook.isolation", "--"] and "serve" in started[0]
+
+
+@pytest.mark.engine
+def test_a_forked_server_goes_with_its_launcher(tmp_path):
+    """A server forked from a launcher is in a session of its own (kill_group stops it and its
+    engine); if the launcher is killed, the server kills its session and its handle says so."""
+    p = Point.from_dict(point("orphan", env={"TUNEBOOK_LAUNCHER_TEST": "orphan"}))
+    dep = served.Deployment(p, tmp_path / "logs")
+    try:
+        dep.start()
+        assert dep.server_start == "forked"
+        child = dep.procs[0]
+        assert os.getpgid(child.pid) == child.pid and child.poll() is None
+        ours = [
+            x for k, x in launcher._LAUNCHERS.items() if ("TUNEBOOK_LAUNCHER_TEST", "orphan") in k
+        ]
+        assert len(ours) == 1 and ours[0].ready_s > 0
+        assert (tmp_path / "logs" / "launcher.log").is_file()
+        os.kill(ours[0].proc.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert dep.alive() == [0]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _exists(child.pid):
+            time.sleep(0.5)
+        assert not _exists(child.pid)
+    finally:
+        dep.shutdown()
+        for k in [k for k in launcher._LAUNCHERS if ("TUNEBOOK_LAUNCHER_TEST", "orphan") in k]:
+            launcher._LAUNCHERS.pop(k).close()
+    assert wait_gone() == []
+
+
+def _exists(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.engine
+def test_a_server_that_exits_at_once_reports_its_code_and_log(tmp_path):
+    """`vllm serve` refusing its arguments exits before the sweep has its handle: the code and
+    vLLM's own message still come through."""
+    x = launcher.launcher_for(dict(os.environ), tmp_path)
+    child = x.launch(["serve", "--no-such-flag"], tmp_path / "server.log")
+    assert child.wait(timeout=120) == 2
+    assert "--no-such-flag" in (tmp_path / "server.log").read_text()
