@@ -30,6 +30,9 @@ core's first one: where a spawned engine core re-imports.
 (``tunebook.launcher``: a process that imported them once forks the server), ABBA after one
 filling start, which is forked so that the launcher's one import (``launcher_ready_s``, paid once
 per environment and sweep process) is reported apart. ``--engine-core fork`` applies to both.
+``--requests N`` then sends N requests (64 tokens in, 64 out, all at once, tunebook's client)
+to each server once it is healthy: output tok/s per start, so that the arms' serving is compared
+too, not only their starts.
 
     python benchmarks/start_cost.py --logs runs/h200-20261203-b
     python benchmarks/start_cost.py --measure --model ernie-4.5-0.3b-pt --starts 4 \\
@@ -133,7 +136,7 @@ def summarise(rows: list[dict], key: str = "compile_cache") -> dict:
     for group in sorted({r.get(key) for r in rows if r.get(key)}):
         sel = [r for r in rows if r.get(key) == group]
         out[group] = {"starts": len(sel)}
-        for phase in (*PATTERNS, "log_to_serving_s", "api_to_engine_s", "start_s"):
+        for phase in (*PATTERNS, "log_to_serving_s", "api_to_engine_s", "start_s", "output_tok_s"):
             vals = [r[phase] for r in sel if r.get(phase) is not None]
             if vals:
                 out[group][phase] = [statistics.median(vals), min(vals), max(vals)]
@@ -141,7 +144,14 @@ def summarise(rows: list[dict], key: str = "compile_cache") -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ("start_s", "log_to_serving_s", "api_to_engine_s", "engine_init_s", "compile_s")
+    cols = (
+        "start_s",
+        "log_to_serving_s",
+        "api_to_engine_s",
+        "engine_init_s",
+        "compile_s",
+        "output_tok_s",
+    )
     head = f"{'start':<24}{'cache':<12}" + "".join(f"{c:>17}" for c in cols)
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -184,7 +194,12 @@ def measure(args) -> dict:
             "point_id": f"start-{i}-{arm}",
             "model": args.model,
             "mode": "served",
-            "workload": {"kind": "fixed", "num_requests": 1, "prompt_len": 16, "output_len": 4},
+            "workload": {
+                "kind": "fixed",
+                "num_requests": max(args.requests, 1),
+                "prompt_len": 64 if args.requests else 16,
+                "output_len": 64 if args.requests else 4,
+            },
             "settings": settings,
             "env": env,
             # the cache and mp arms start every server afresh, as they always have
@@ -196,6 +211,13 @@ def measure(args) -> dict:
         try:
             dep.start()
             row["start_s"] = dep.start_s
+            if args.requests:
+                from tunebook.engine import workload_of
+
+                dep.warmup(2)
+                m = dep.run(workload_of(dep.point))["metrics"]
+                row["output_tok_s"] = m["output_throughput_tok_s"]
+                row["ttft_p50_ms"] = m.get("ttft_p50_ms")
         except Exception as e:  # written with its error; the next start may still work
             row["error"] = f"{type(e).__name__}: {e}"
         finally:
@@ -252,6 +274,12 @@ def main() -> None:
         help="every arm: how the API server starts its engine core (VLLM_WORKER_MULTIPROC_METHOD)",
     )
     ap.add_argument("--starts", type=int, default=4, help="engine starts, alternating the arms")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="after each start, N requests (64 in, 64 out, all at once): output tok/s per start",
+    )
     ap.add_argument("--work-dir", default=None, help="cache folders and logs (else a temp dir)")
     ap.add_argument("--out", default="runs/bench/start_cost.json")
     args = ap.parse_args()
