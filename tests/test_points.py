@@ -69,3 +69,14 @@ def test_result_records_leave_out_what_did_not_happen():
         "status": "failed",
         "error": "boom",
     }
+
+
+def test_points_of_a_shared_start_carry_its_seconds_once():
+    """The first point of a start carries start and warm-up seconds; later ones name it and
+    carry only their own measurement (never empty: cost estimates phases for empty ones)."""
+    start = {"engine_start": 12.0, "warmup": 1.5}
+    first = Result.in_group(Point.from_dict(BASE), {"num_requests": 4}, 0, "a-r0", start)
+    later = Result.in_group(Point.from_dict({**BASE, "point_id": "b-r0"}), {}, 1, "a-r0", start)
+    assert first.seconds == start and first.seconds is not start and first.shared_start is None
+    assert later.seconds == {"measure": 0.0} and later.shared_start == "a-r0"
+    assert first.workload == {"kind": "fixed", "num_requests": 4} and first.status == "failed"

@@ -125,10 +125,7 @@ def execute_group(
             t_point = time.perf_counter() if i else t0
             if on_begin is not None:
                 on_begin(point.point_id)
-            result = Result.skeleton(point, wl.summary())
-            result.seconds = dict(seconds0) if i == 0 else {"measure": 0.0}
-            if i:
-                result.shared_start = first.point_id
+            result = Result.in_group(point, wl.summary(), i, first.point_id, seconds0)
             eng.point = point  # this point's sampling, SLO, concurrency cap and output collection
             if eng.start_s is not None:
                 result.engine_start_s = eng.start_s

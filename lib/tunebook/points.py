@@ -192,6 +192,24 @@ class Result:
             serve=dict(point.serve) or None,
         )
 
+    @classmethod
+    def in_group(
+        cls,
+        point: Point,
+        workload_summary: dict,
+        index: int,
+        first_id: str,
+        start_seconds: dict[str, float],
+    ) -> Result:
+        """The skeleton of the ``index``-th point on a shared engine start: the first carries
+        the start's seconds, the others name that point in ``shared_start``."""
+        result = cls.skeleton(point, workload_summary)
+        # Never empty: tunebook.cost estimates phases only for points without seconds.
+        result.seconds = dict(start_seconds) if index == 0 else {"measure": 0.0}
+        if index:
+            result.shared_start = first_id
+        return result
+
     def to_dict(self) -> dict:
         """The JSON record: unset optional fields are left out; status and error always present."""
         d = dataclasses.asdict(self)

@@ -844,11 +844,7 @@ def execute_served_group(
             t_point = time.perf_counter() if i else t0
             if on_begin is not None:
                 on_begin(point.point_id)
-            result = Result.skeleton(point, wl.summary())
-            # Never empty: tunebook.cost estimates phases only for points without seconds.
-            result.seconds = dict(seconds0) if i == 0 else {"measure": 0.0}
-            if i:
-                result.shared_start = first.point_id
+            result = Result.in_group(point, wl.summary(), i, first.point_id, seconds0)
             try:
                 if dep is not None and dep.start_s is not None:
                     result.engine_start_s = dep.start_s
