@@ -30,6 +30,9 @@ core's first one: where a spawned engine core re-imports.
 (``tunebook.launcher``: a process that imported them once forks the server), ABBA after one
 filling start, which is forked so that the launcher's one import (``launcher_ready_s``, paid once
 per environment and sweep process) is reported apart. ``--engine-core fork`` applies to both.
+``--measure --arms isolated``: the same question for an isolated in-process point (what the
+h200 profile's 01 and 02 run): its process spawned afresh or forked from the engine launcher,
+ABBA after one filling forked point; each row is the whole point (process, engine, 4 requests).
 ``--requests N`` then sends N requests (64 tokens in, 64 out, all at once, tunebook's client)
 to each server once it is healthy: output tok/s per start, so that the arms' serving is compared
 too, not only their starts.
@@ -136,7 +139,8 @@ def summarise(rows: list[dict], key: str = "compile_cache") -> dict:
     for group in sorted({r.get(key) for r in rows if r.get(key)}):
         sel = [r for r in rows if r.get(key) == group]
         out[group] = {"starts": len(sel)}
-        for phase in (*PATTERNS, "log_to_serving_s", "api_to_engine_s", "start_s", "output_tok_s"):
+        phases = ("log_to_serving_s", "api_to_engine_s", "start_s", "output_tok_s")
+        for phase in (*PATTERNS, *phases, "engine_start_s", "process_s"):
             vals = [r[phase] for r in sel if r.get(phase) is not None]
             if vals:
                 out[group][phase] = [statistics.median(vals), min(vals), max(vals)]
@@ -173,8 +177,63 @@ def arm_order(arms: str, starts: int) -> list[str]:
     return ["fill"] + [abba[i % 4] for i in range(starts)]
 
 
+def measure_isolated(args) -> dict:
+    """``--arms isolated``: an isolated in-process point (``run_point(isolate=True)``, what the
+    h200 profile's 01 and 02 run), its process spawned afresh (``TUNEBOOK_LAUNCHER=0``) or forked
+    from the engine launcher; ABBA after one filling forked point. Whole point, seconds."""
+    import os
+
+    from tunebook.engine import run_point
+
+    settings = json.loads(args.settings) if args.settings else {}
+    root = Path(args.work_dir or tempfile.mkdtemp(prefix="start-cost-"))
+    order = arm_order("launcher", args.starts)
+    rows: list[dict] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for i, arm in enumerate(order):
+        os.environ["TUNEBOOK_LAUNCHER"] = "0" if arm == "spawned" else "1"
+        point = {
+            "point_id": f"iso-{i}-{arm}",
+            "model": args.model,
+            "settings": settings,
+            "workload": {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_len": 4},
+        }
+        res = run_point(point, isolate=True, log_path=root / f"iso-{i}.log")
+        secs = res.get("seconds") or {}
+        rows.append(
+            {
+                "arm": arm,
+                "start": i,
+                "status": res["status"],
+                "error": res.get("error"),
+                "start_s": res.get("wall_s"),  # the whole point: process, engine, 4 requests
+                "engine_start_s": secs.get("engine_start"),
+                "process_s": secs.get("process"),
+                "process_start": (res.get("env") or {}).get("process_start"),
+            }
+        )
+        print(rows[-1], flush=True)
+        result = {
+            "question": "an isolated point: its process spawned afresh vs forked from a launcher",
+            "date": time.strftime("%Y-%m-%d", time.localtime(t0)),
+            "model": args.model,
+            "settings": settings,
+            "order": order,
+            "starts": rows,
+            "summary": summarise([r for r in rows if not r["arm"].startswith("fill")], "arm"),
+            "wall_s": time.time() - t0,
+        }
+        out.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def measure(args) -> dict:
     from tunebook.served import Deployment
+
+    if args.arms == "isolated":
+        return measure_isolated(args)
 
     settings = json.loads(args.settings) if args.settings else {}
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="start-cost-"))
@@ -262,10 +321,11 @@ def main() -> None:
     ap.add_argument("--settings", default=None, help="vLLM settings as JSON (default: vLLM's)")
     ap.add_argument(
         "--arms",
-        choices=("cache", "mp", "launcher"),
+        choices=("cache", "mp", "launcher", "isolated"),
         default="cache",
         help="cache: cold vs warm compile cache; mp: engine core spawned vs forked (all warm);"
-        " launcher: the API server spawned vs forked from tunebook's launcher (all warm)",
+        " launcher: the API server spawned vs forked from tunebook's launcher (all warm);"
+        " isolated: an isolated in-process point's process spawned vs forked",
     )
     ap.add_argument(
         "--engine-core",

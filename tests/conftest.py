@@ -63,8 +63,10 @@ def engine_processes(tag: str | None = None) -> list:
             if p.info["pid"] == me or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            if "tunebook.engine" not in cmd and "EngineCore" not in (p.name() or ""):
-                continue
+            name = p.name() or ""  # a child forked by tunebook.launcher: its name says so
+            if "tunebook.engine" not in cmd and "EngineCore" not in name:
+                if name != "tunebook-engine":
+                    continue
             if p.environ().get(TEST_TAG_ENV) == tag:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -90,6 +90,7 @@ def test_bad_setting_raises_before_any_engine_starts(monkeypatch, base_point):
 
     monkeypatch.setattr(engine.Engine, "start", no_engine)
     monkeypatch.setattr(isolation.subprocess, "Popen", popen)
+    monkeypatch.setenv("TUNEBOOK_LAUNCHER", "0")  # isolated children through the Popen above
     for settings, _ in BAD:
         point = {**base_point, "settings": {**base_point["settings"], **settings}}
         if "block_size" in settings and engine.platform_name() != "cpu":

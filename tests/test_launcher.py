@@ -15,8 +15,8 @@ from tunebook.points import Point
 
 
 class FakeLauncher:
-    def __init__(self, env, log):
-        self.env, self.log = env, log
+    def __init__(self, env, log, kind="serve"):
+        self.env, self.log, self.kind = env, log, kind
 
     def alive(self) -> bool:
         return True
@@ -31,14 +31,17 @@ def test_one_launcher_per_environment(monkeypatch, tmp_path):
     assert launcher.launcher_for({"A": "1", PARENT_ENV: "2"}, tmp_path / "x") is a
     assert launcher.launcher_for({"A": "2"}, tmp_path) is not a
     assert a.log == tmp_path / "launcher.log"
+    # an isolated point's child needs other imports: a launcher of its own
+    e = launcher.launcher_for({"A": "1"}, tmp_path, "engine")
+    assert e is not a and e.kind == "engine" and e.log == tmp_path / "launcher-engine.log"
 
 
 def test_the_launcher_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv("TUNEBOOK_SERVE_LAUNCHER", "0")
+    monkeypatch.setenv("TUNEBOOK_LAUNCHER", "0")
     assert launcher.enabled() is False
     dep = served.Deployment(Point.from_dict(point("off")), "/tmp/unused")
     assert dep.server_start == "spawned"
-    monkeypatch.delenv("TUNEBOOK_SERVE_LAUNCHER")
+    monkeypatch.delenv("TUNEBOOK_LAUNCHER")
     assert launcher.enabled() is True  # vLLM's CLI is importable here
     assert served.Deployment(Point.from_dict(point("on")), "/tmp/unused").server_start == "forked"
     spawn = point("sp", serve={"launcher": "spawn"})
@@ -115,3 +118,25 @@ def test_a_server_that_exits_at_once_reports_its_code_and_log(tmp_path):
     child = x.launch(["serve", "--no-such-flag"], tmp_path / "server.log")
     assert child.wait(timeout=120) == 2
     assert "--no-such-flag" in (tmp_path / "server.log").read_text()
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("switch,how", [("1", "forked"), ("0", "spawned")])
+def test_an_isolated_point_runs_forked_or_afresh_alike(
+    base_point, tmp_path, monkeypatch, switch, how
+):
+    """An isolated point's process forked from the engine launcher (the default) or started
+    afresh (TUNEBOOK_LAUNCHER=0): the same result, its log where it was, and the way recorded."""
+    from conftest import engine_processes
+
+    from tunebook.engine import run_point
+
+    monkeypatch.setenv("TUNEBOOK_LAUNCHER", switch)
+    log = tmp_path / "logs" / "iso.log"
+    res = run_point({**base_point, "point_id": "iso"}, isolate=True, log_path=log)
+    assert res["status"] == "ok", res.get("error")
+    assert res["env"]["process_start"] == how
+    assert res["metrics"]["num_requests"] == 4 and res["capacity"]["kv_capacity_tokens"] > 0
+    assert res["log_file"] == str(log) and "KV cache" in log.read_text()  # vLLM's own log
+    assert (tmp_path / "logs" / "launcher-engine.log").is_file() == (how == "forked")
+    assert engine_processes() == []

@@ -62,6 +62,15 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return found
 
 
+def _is_engine(pid: int, cmd: str) -> bool:
+    """An isolated point's process: started as `-m tunebook.engine`, or forked by a launcher."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        name = ""
+    return "tunebook.engine" in cmd or name == "tunebook-engine"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A local Ray cluster of 2 CPUs; afterwards, no process of it (or started by it) may remain."""
@@ -161,7 +170,7 @@ def test_ray_isolated_points_ship_their_logs_and_leave_no_engine(cluster, tmp_pa
     for r in res.values():
         log = Path(r["log_file"])
         assert log.parent == tmp_path / "iso" / "logs" and log.stat().st_size > 0
-    engines = [c for _, c in _marked(os.environ[MARK]) if "tunebook.engine" in c]
+    engines = [c for pid, c in _marked(os.environ[MARK]) if _is_engine(pid, c)]
     assert not engines, f"engine processes left: {engines}"
 
 

@@ -184,6 +184,7 @@ def no_engine(monkeypatch):
 
     monkeypatch.setattr(engine.Engine, "start", boom)
     monkeypatch.setattr(isolation.subprocess, "Popen", popen)
+    monkeypatch.setenv("TUNEBOOK_LAUNCHER", "0")  # isolated children through the Popen above
 
 
 def test_model_path_without_config_json(tmp_path, base_point, no_engine):

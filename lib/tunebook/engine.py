@@ -222,15 +222,14 @@ def run_point(
         ]
         if progress_path:
             cmd.append(str(progress_path))
-        with open(log_path, "w") as log:
-            proc = spawn(cmd, log, env)
-            if on_spawn is not None:
-                try:
-                    on_spawn(proc.pid)
-                except BaseException:
-                    wait_or_kill(proc, 0)
-                    raise
-            rc, timed_out = wait_or_kill(proc, timeout_s)
+        proc, process_start = _start_child(cmd, log_path, env)
+        if on_spawn is not None:
+            try:
+                on_spawn(proc.pid)
+            except BaseException:
+                wait_or_kill(proc, 0)
+                raise
+        rc, timed_out = wait_or_kill(proc, timeout_s)
         log_text = log_path.read_text(errors="replace")
         res_file = tmp / "result.json"
         if res_file.is_file():
@@ -257,6 +256,7 @@ def run_point(
                 result["error"] = reason
         facts = parse_log(log_text)
         env_fp = result.setdefault("env", {})
+        env_fp["process_start"] = process_start
         if facts.get("attention_backend") and not env_fp.get("attention_backend"):
             env_fp["attention_backend"] = facts["attention_backend"]
         result.setdefault("capacity", {}).update(
@@ -269,6 +269,22 @@ def run_point(
             secs["process"] = max(result["wall_s"] - sum(secs.values()), 0.0)
         result["log_file"] = str(log_path)
         return result
+
+
+def _start_child(cmd: list[str], log_path: Path, env: dict) -> tuple:
+    """An isolated point's process, in a session of its own: forked from a launcher that
+    imported vLLM once (``tunebook.launcher``: no import per point), else started afresh.
+    Returns the process and which of the two ("forked" or "spawned")."""
+    from . import launcher
+
+    if launcher.enabled():
+        try:
+            x = launcher.launcher_for(env, log_path.parent, "engine")
+            return x.launch(cmd[3:], log_path, module=cmd[2]), "forked"
+        except launcher.LauncherError as e:
+            print(f"tunebook: {e}; starting the point's process afresh", file=sys.stderr)
+    with open(log_path, "w") as log:
+        return spawn(cmd, log, env), "spawned"
 
 
 def _failed(point: Point, error: str) -> dict:

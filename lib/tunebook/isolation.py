@@ -18,6 +18,10 @@ from pathlib import Path
 
 from .interrupt import PARENT_ENV
 
+# The process whose death a child must not outlive, where that is not the sweep (PARENT_ENV): a
+# child forked by tunebook.launcher watches the launcher, its parent.
+WATCH_ENV = "TUNEBOOK_WATCH_PID"
+
 
 def spawn(cmd: list[str], log, env: dict | None = None, **popen) -> subprocess.Popen:
     """Start ``cmd`` in its own session (its own process group), output to ``log``.
@@ -81,8 +85,9 @@ def watch_parent(parent_pid: int, tmp_dir: Path | None = None, interval_s: float
 
 
 def watch_parent_from_env(tmp_dir: Path | None = None) -> None:
-    """In a child started by ``spawn``: watch the parent named in the environment, if any."""
-    parent = os.environ.get(PARENT_ENV)
+    """In a child started by ``spawn`` (or forked by a launcher): watch the parent named in the
+    environment, if any."""
+    parent = os.environ.get(WATCH_ENV) or os.environ.get(PARENT_ENV)
     if parent:
         watch_parent(int(parent), tmp_dir)
 

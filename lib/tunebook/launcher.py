@@ -6,7 +6,9 @@ starts dozens of servers with the same environment. A *launcher* imports vLLM's 
 once and forks one child per server; the child sets its log, argv and working folder and calls
 the entrypoint the ``vllm`` script calls (``vllm.entrypoints.cli.main.main``), so it is the
 process ``vllm serve ...`` would be, with its imports already done. vLLM itself does the same
-when ``LLM`` forks its engine core after importing vLLM.
+when ``LLM`` forks its engine core after importing vLLM. A launcher of the ``engine`` kind does
+the same for isolated in-process points: it imports ``tunebook.engine`` and vLLM's ``LLM`` and
+``AsyncLLM`` once and runs each point's ``python -m tunebook.engine`` in a forked child.
 
 Part of the second, declared boundary to vLLM (its command line, with ``serve`` and ``served``):
 this module imports no vLLM in the sweep's process, only in the launcher.
@@ -18,7 +20,7 @@ engine core; it kills that session if the launcher dies, and the launcher exits 
 does, so nothing outlives its point.
 
 Protocol, one JSON object per line: the sweep writes ``{"argv": [...], "log": path, "cwd":
-path}`` to the launcher's stdin; the launcher answers on its stdout ``{"pid": n}`` (or
+path}`` (and ``"module"`` for ``python -m``) to the launcher's stdin; the launcher answers on its stdout ``{"pid": n}`` (or
 ``{"error": text}``) and later ``{"exit": pid, "code": n}`` when that child ends (a negative
 code: the signal, as in ``subprocess``). Its first line is ``{"ready": import_s}`` or
 ``{"error": text}``.
@@ -39,14 +41,27 @@ import time
 from pathlib import Path
 
 from .interrupt import PARENT_ENV
+from .isolation import WATCH_ENV
 
-# Imported once in the launcher: the CLI and what `vllm serve` imports before its first log line.
-PRELOAD = (
-    "vllm.entrypoints.cli.main",
-    "vllm.entrypoints.cli.serve",
-    "vllm.entrypoints.cli.openai",
-    "vllm.entrypoints.openai.api_server",
-)
+# Imported once in a launcher, by kind. serve: the CLI and what `vllm serve` imports before its
+# first log line. engine: what an isolated point's child (`python -m tunebook.engine`) imports
+# before its engine starts (vLLM's LLM and AsyncLLM).
+PRELOAD = {
+    "serve": (
+        "vllm.entrypoints.cli.main",
+        "vllm.entrypoints.cli.serve",
+        "vllm.entrypoints.cli.openai",
+        "vllm.entrypoints.openai.api_server",
+    ),
+    "engine": (
+        "tunebook.engine",
+        "vllm.engine.arg_utils",
+        "vllm.entrypoints.llm",
+        "vllm.v1.engine.async_llm",
+    ),
+}
+# What a forked child is called (its process name, 15 characters at most).
+CHILD_NAMES = {"serve": "vllm-serve", "engine": "tunebook-engine"}
 READY_TIMEOUT_S = 600.0  # the first import on a cold node's file cache
 
 
@@ -91,12 +106,13 @@ class LaunchedProcess:
 class Launcher:
     """One launcher process for one environment (see the module doc)."""
 
-    def __init__(self, env: dict[str, str], log: str | Path):
+    def __init__(self, env: dict[str, str], log: str | Path, kind: str = "serve"):
         self.env = {**env, PARENT_ENV: str(os.getpid())}
         self.log = Path(log)
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.kind = kind
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tunebook.launcher", str(self.log)],
+            [sys.executable, "-m", "tunebook.launcher", str(self.log), kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
@@ -142,9 +158,18 @@ class Launcher:
             self._children.clear()
             self._cond.notify_all()
 
-    def launch(self, argv: list[str], log: str | Path, cwd: str | Path | None = None):
-        """Fork ``vllm <argv>`` with its output to ``log``; a Popen-like handle."""
+    def launch(
+        self,
+        argv: list[str],
+        log: str | Path,
+        cwd: str | Path | None = None,
+        module: str | None = None,
+    ):
+        """Fork ``vllm <argv>`` (or ``python -m <module> <argv>``) with its output to ``log``;
+        a Popen-like handle."""
         req = {"argv": list(argv), "log": str(log), "cwd": str(cwd or os.getcwd())}
+        if module:
+            req["module"] = module
         with self._lock:
             assert self.proc.stdin is not None
             try:
@@ -170,7 +195,7 @@ class Launcher:
                 msg = self._replies.pop(0)
                 if "error" in msg:
                     raise LauncherError(f"the vllm serve launcher could not fork: {msg['error']}")
-                child = LaunchedProcess(int(msg["pid"]), ["vllm", *argv])
+                child = LaunchedProcess(int(msg["pid"]), [module or "vllm", *argv])
                 if child.pid in self._early_exits:
                     child._exited(self._early_exits.pop(child.pid))
                 else:
@@ -214,9 +239,9 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 def enabled() -> bool:
-    """Whether `vllm serve` may be forked from a launcher: vLLM's CLI importable by this Python,
-    and not switched off by ``TUNEBOOK_SERVE_LAUNCHER=0``."""
-    if os.environ.get("TUNEBOOK_SERVE_LAUNCHER", "1").lower() in ("0", "false", "no", "off"):
+    """Whether servers and isolated points may be forked from a launcher: vLLM's CLI importable
+    by this Python, and not switched off by ``TUNEBOOK_LAUNCHER=0``."""
+    if os.environ.get("TUNEBOOK_LAUNCHER", "1").lower() in ("0", "false", "no", "off"):
         return False
     import importlib.util
 
@@ -226,13 +251,15 @@ def enabled() -> bool:
         return False
 
 
-def launcher_for(env: dict[str, str], log_dir: str | Path) -> Launcher:
-    """The launcher of this environment, started on first use (its log: ``log_dir``/launcher.log)."""
-    key = tuple(sorted((k, v) for k, v in env.items() if k != PARENT_ENV))
+def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") -> Launcher:
+    """The launcher of this kind and environment, started on first use (its log:
+    ``log_dir``/launcher.log, or launcher-engine.log)."""
+    key = (kind, *sorted((k, v) for k, v in env.items() if k != PARENT_ENV))
     with _REGISTRY_LOCK:
         launcher = _LAUNCHERS.get(key)
         if launcher is None or not launcher.alive():
-            launcher = Launcher(env, Path(log_dir) / "launcher.log")
+            name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
+            launcher = Launcher(env, Path(log_dir) / name, kind)
             _LAUNCHERS[key] = launcher
         return launcher
 
@@ -260,18 +287,35 @@ def _child(req: dict, launcher_pid: int) -> int:
     os.dup2(null, 0)
     os.closerange(3, 65536)  # the protocol pipe and the launcher's log are not the server's
     os.chdir(req["cwd"])
-    sys.argv = ["vllm", *req["argv"]]
+    # Our parent is the launcher: a child that watches its parent (tunebook.engine's) watches it;
+    # PARENT_ENV still names the sweep (the test hook of tunebook.interrupt signals it).
+    os.environ[WATCH_ENV] = str(launcher_pid)
+    module = req.get("module")
+    # Its command line stays the launcher's (rewriting it would wipe /proc/<pid>/environ); its
+    # name says what it is: `ps -o comm`, top, psutil's name().
+    with contextlib.suppress(ImportError):
+        import setproctitle  # a dependency of vLLM
 
-    def watch() -> None:  # the launcher gone (the sweep killed): take the whole session down
-        while os.getppid() == launcher_pid:
-            time.sleep(0.5)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="tunebook-launcher-watch", daemon=True).start()
-    from vllm.entrypoints.cli.main import main
-
+        setproctitle.setthreadtitle(CHILD_NAMES["engine" if module else "serve"])
     try:
-        code = main()
+        if module:  # python -m <module> <argv>
+            import runpy
+
+            sys.argv = [module, *req["argv"]]
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        else:  # the `vllm` script: it cannot watch its parent, so we do it for it
+
+            def watch() -> None:  # the launcher gone (the sweep killed): end the whole session
+                while os.getppid() == launcher_pid:
+                    time.sleep(0.5)
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+            threading.Thread(target=watch, name="tunebook-launcher-watch", daemon=True).start()
+            from vllm.entrypoints.cli.main import main
+
+            sys.argv = ["vllm", *req["argv"]]
+            code = main()
     except SystemExit as e:
         code = e.code
     if code is None:
@@ -279,8 +323,9 @@ def _child(req: dict, launcher_pid: int) -> int:
     return code if isinstance(code, int) else 1
 
 
-def _serve(log: str) -> int:
-    """The launcher: import vLLM's CLI, then fork a child per request until stdin closes."""
+def _serve(log: str, kind: str = "serve") -> int:
+    """The launcher: import what its kind needs, then fork a child per request until stdin
+    closes."""
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)  # what importing vLLM prints goes to the log, not into the protocol
@@ -291,7 +336,7 @@ def _serve(log: str) -> int:
     try:
         import importlib
 
-        for name in PRELOAD:
+        for name in PRELOAD[kind]:
             importlib.import_module(name)
     except BaseException as e:  # noqa: BLE001 - the sweep falls back to a spawned server
         import traceback
@@ -300,7 +345,8 @@ def _serve(log: str) -> int:
         reply.write(json.dumps({"error": f"importing vLLM's CLI failed: {e!r}"}) + "\n")
         return 1
     reply.write(json.dumps({"ready": round(time.perf_counter() - t0, 3)}) + "\n")
-    print(f"launcher ready: {PRELOAD} imported in {time.perf_counter() - t0:.1f} s", flush=True)
+    took = time.perf_counter() - t0
+    print(f"launcher ready: {', '.join(PRELOAD[kind])} imported in {took:.1f} s", flush=True)
 
     me = os.getpid()
     buf = b""
@@ -337,10 +383,12 @@ def _serve(log: str) -> int:
                 # Leaves through SystemExit: the interpreter exits as the `vllm` script would.
                 raise SystemExit(_child(req, me))
             children.add(pid)
-            print(f"forked {pid}: vllm {' '.join(req['argv'])}", flush=True)
+            print(
+                f"forked {pid}: {req.get('module') or 'vllm'} {' '.join(req['argv'])}", flush=True
+            )
             reply.write(json.dumps({"pid": pid}) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_serve(sys.argv[1]))
+    sys.exit(_serve(*sys.argv[1:3]))
