@@ -58,12 +58,12 @@ def test_a_dead_launcher_is_an_error_of_its_own(tmp_path):
 
 
 def test_a_failing_launcher_falls_back_to_a_new_process(monkeypatch, tmp_path):
-    def broken(env, log_dir):
+    def broken(env, log_dir, kind="serve"):
         raise launcher.LauncherError("the vllm serve launcher has exited: boom")
 
     started = []
     monkeypatch.setattr(launcher, "launcher_for", broken)
-    monkeypatch.setattr(served, "spawn", lambda cmd, log, env: started.append(cmd) or "proc")
+    monkeypatch.setattr(launcher, "spawn", lambda cmd, log, env: started.append(cmd) or "proc")
     dep = served.Deployment(Point.from_dict(point("fb")), tmp_path)
     assert dep.server_start == "forked"
     dep._start_replica(0, 12345)

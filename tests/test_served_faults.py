@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from tunebook import served
+from tunebook import launcher, served
 from tunebook.engine import run_point
 
 SETTINGS = {"enforce_eager": True, "kv_cache_memory_bytes": 32 << 20, "max_model_len": 512}
@@ -68,14 +68,14 @@ def test_a_replica_that_never_becomes_healthy_times_out_with_its_log(tmp_path, m
         lambda self, port: [sys.executable, str(script), mode, str(port)],
     )
     spawned = []
-    real_spawn = served.spawn
+    real_spawn = launcher.spawn  # where served starts a replica afresh
 
     def spawn(cmd, log, env=None, **popen):
         proc = real_spawn(cmd, log, env, **popen)
         spawned.append(proc)
         return proc
 
-    monkeypatch.setattr(served, "spawn", spawn)
+    monkeypatch.setattr(launcher, "spawn", spawn)
     point = {
         "point_id": "never-healthy",
         "model": "tiny-ernie",

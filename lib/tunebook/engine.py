@@ -31,7 +31,7 @@ from .adapter import (
     vllm_version,
 )
 from .interrupt import phase
-from .isolation import spawn, wait_or_kill, watch_parent_from_env
+from .isolation import wait_or_kill, watch_parent_from_env
 from .model import load_shape
 from .points import Point, Result
 from .workloads import Workload, check_fits, make_workload
@@ -228,7 +228,9 @@ def run_point(
         ]
         if progress_path:
             cmd.append(str(progress_path))
-        proc, process_start = _start_child(cmd, log_path, env)
+        from .launcher import start
+
+        proc, process_start = start("engine", cmd[3:], log_path, env, cmd, module=cmd[2])
         if on_spawn is not None:
             try:
                 on_spawn(proc.pid)
@@ -275,22 +277,6 @@ def run_point(
             secs["process"] = max(result["wall_s"] - sum(secs.values()), 0.0)
         result["log_file"] = str(log_path)
         return result
-
-
-def _start_child(cmd: list[str], log_path: Path, env: dict) -> tuple:
-    """An isolated point's process, in a session of its own: forked from a launcher that
-    imported vLLM once (``tunebook.launcher``: no import per point), else started afresh.
-    Returns the process and which of the two ("forked" or "spawned")."""
-    from . import launcher
-
-    if launcher.enabled():
-        try:
-            x = launcher.launcher_for(env, log_path.parent, "engine")
-            return x.launch(cmd[3:], log_path, module=cmd[2]), "forked"
-        except launcher.LauncherError as e:
-            print(f"tunebook: {e}; starting the point's process afresh", file=sys.stderr)
-    with open(log_path, "w") as log:
-        return spawn(cmd, log, env), "spawned"
 
 
 def _failed(point: Point, error: str) -> dict:

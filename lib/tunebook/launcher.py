@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from .interrupt import PARENT_ENV
-from .isolation import WATCH_ENV
+from .isolation import WATCH_ENV, spawn
 
 # Imported once in a launcher, by kind. serve: the CLI and what `vllm serve` imports before its
 # first log line. engine: what an isolated point's child (`python -m tunebook.engine`) imports
@@ -263,6 +263,29 @@ def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") 
             launcher = Launcher(env, Path(log_dir) / name, kind)
             _LAUNCHERS[key] = launcher
         return launcher
+
+
+def start(
+    kind: str,
+    argv: list[str],
+    log: str | Path,
+    env: dict[str, str],
+    fresh_cmd: list[str],
+    module: str | None = None,
+    fork: bool = True,
+) -> tuple:
+    """A server (kind "serve": ``vllm <argv>``) or an isolated point's process (kind "engine":
+    ``python -m <module> <argv>``), output to ``log``: forked from the launcher of ``env`` where
+    ``fork`` and ``enabled()``, else (or if the launcher fails) ``fresh_cmd`` started afresh by
+    ``isolation.spawn``. Returns the process and "forked" or "spawned"."""
+    if fork and enabled():
+        try:
+            x = launcher_for(env, Path(log).parent, kind)
+            return x.launch(argv, log, module=module), "forked"
+        except LauncherError as e:  # the launcher, not the process asked for: start it afresh
+            print(f"tunebook: {e}; starting it as a new process", file=sys.stderr)
+    with open(log, "w") as f:
+        return spawn(fresh_cmd, f, env), "spawned"
 
 
 @atexit.register

@@ -410,19 +410,14 @@ class Deployment:
         log = self.log_dir / f"replica{i}.log"
         self.logs.append(log)
         self.urls.append(f"http://127.0.0.1:{port}")
-        if self.server_start == "forked":
-            from .launcher import LauncherError, launcher_for
+        from .launcher import start
 
-            try:
-                launcher = launcher_for(self._env(i), self.log_dir)
-                self.procs.append(launcher.launch(self.serve_args(port), log))
-                return
-            except LauncherError as e:  # the launcher, not the server: start this one afresh
-                print(f"tunebook: {e}; starting vllm serve as a new process", file=sys.stderr)
-                self.server_start = "spawned"
         cmd = [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
-        with open(log, "w") as f:
-            self.procs.append(spawn(cmd, f, self._env(i)))
+        fork = self.server_start == "forked"  # a launcher that failed once is not asked again
+        proc, self.server_start = start(
+            "serve", self.serve_args(port), log, self._env(i), cmd, fork=fork
+        )
+        self.procs.append(proc)
 
     def _wait_healthy(self, i: int) -> None:
         from .adapter import failure_reason
