@@ -375,9 +375,10 @@ def test_engine_killed_mid_point_fails_that_point_and_the_next_runs(tiny_model, 
 
 @pytest.mark.engine
 def test_isolated_point_past_its_timeout_is_failed_and_killed(tiny_model, tmp_path):
-    res = engine.run_point(
-        _point(tiny_model, "slow"), isolate=True, timeout_s=1, log_path=tmp_path / "slow.log"
-    )
+    # 1,500 decode steps: a process forked from a warm launcher can start the tiny engine and
+    # finish a few short requests within the second.
+    slow = _point(tiny_model, "slow", num_requests=8, prompt_len=64, output_len=1500)
+    res = engine.run_point(slow, isolate=True, timeout_s=1, log_path=tmp_path / "slow.log")
     assert res["status"] == "failed" and res["error"].startswith("timed out after 1 s")
     assert engine_processes() == []
 
