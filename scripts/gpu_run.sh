@@ -21,6 +21,11 @@ mkdir -p "runs/$rid"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem --format=csv \
   >> "runs/$rid/nvidia-smi.csv" 2>&1 || true
+# The served steps compile into the same cache folders the start-cost steps fill (one cold
+# compile per node, not one per step); start_cost.py sets these per start itself.
+for v in VLLM_CACHE_ROOT TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR; do
+  export "$v=/tmp/starts-launcher/warm/${v,,}"
+done
 left() { echo $(( budget - ($(date +%s) - start) - 25 )); }
 for step in "$@"; do
   l=$(left)
@@ -57,7 +62,8 @@ for step in "$@"; do
              --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-mp \
              --out "runs/$rid/bench/start_cost_mp.json" 2>&1 | tail -30 ;;
     starts-launcher|starts-launcher-fork) timeout -k 5 "$l" python3 benchmarks/start_cost.py \
-             --measure --arms launcher --model ernie-4.5-0.3b-pt --starts 4 --work-dir "/tmp/$step" \
+             --measure --arms launcher --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-launcher \
+             --settings '{"max_model_len": 4096}' \
              --engine-core "$([ "$step" = starts-launcher-fork ] && echo fork || echo spawn)" \
              --out "runs/$rid/bench/start_cost_${step#starts-}.json" 2>&1 | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
