@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from .interrupt import PARENT_ENV
-from .isolation import WATCH_ENV, spawn
+from .isolation import WATCH_ENV, spawn, watch_parent
 
 # Imported once in a launcher, by kind. serve: the CLI and what `vllm serve` imports before its
 # first log line. engine: what an isolated point's child (`python -m tunebook.engine`) imports
@@ -328,14 +328,8 @@ def _child(req: dict, launcher_pid: int) -> int:
             sys.argv = [module, *req["argv"]]
             runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
-        else:  # the `vllm` script: it cannot watch its parent, so we do it for it
-
-            def watch() -> None:  # the launcher gone (the sweep killed): end the whole session
-                while os.getppid() == launcher_pid:
-                    time.sleep(0.5)
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-
-            threading.Thread(target=watch, name="tunebook-launcher-watch", daemon=True).start()
+        else:  # the `vllm` script cannot watch its parent, so we do it for it
+            watch_parent(launcher_pid)  # launcher gone (sweep killed): end the session
             from vllm.entrypoints.cli.main import main
 
             sys.argv = ["vllm", *req["argv"]]
