@@ -270,6 +270,7 @@ def measure(args) -> dict:
         try:
             dep.start()
             row["start_s"] = dep.start_s
+            row["server_start"] = dep.server_start  # "spawned" where a forked start failed
             if args.requests:
                 from tunebook.engine import workload_of
 
@@ -280,10 +281,15 @@ def measure(args) -> dict:
         except Exception as e:  # written with its error; the next start may still work
             row["error"] = f"{type(e).__name__}: {e}"
         finally:
+            if dep.fork_failure:
+                row["fork_failure"] = dep.fork_failure
             t = time.perf_counter()
             dep.shutdown()
             row["shutdown_s"] = time.perf_counter() - t
-        row.update(start_phases("".join(_read(p) for p in sorted(log_dir.glob("replica*.log*")))))
+        text = "".join(_read(p) for p in sorted(log_dir.glob("replica*.log*")))
+        row.update(start_phases(text))
+        if "error" in row:  # the log stays on the node: keep what it says beyond INFO
+            row["log_tail"] = [x for x in text.splitlines() if " INFO " not in x][-30:]
         rows.append(row)
         print(table(rows).splitlines()[-1], flush=True)
         result = {

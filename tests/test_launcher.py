@@ -140,3 +140,53 @@ def test_an_isolated_point_runs_forked_or_afresh_alike(
     assert res["log_file"] == str(log) and "KV cache" in log.read_text()  # vLLM's own log
     assert (tmp_path / "logs" / "launcher-engine.log").is_file() == (how == "forked")
     assert engine_processes() == []
+
+
+def test_a_launcher_is_refused_when_its_first_fork_fails(monkeypatch):
+    """Until one of its processes has worked, a failed fork may be the fork's fault: refuse that
+    launcher (start afresh from then on). Once one has worked, failures are the process's own."""
+    monkeypatch.setattr(launcher, "_TRUSTED", set())
+    monkeypatch.setattr(launcher, "_REFUSED", set())
+    monkeypatch.setattr(launcher, "spawn", lambda cmd, log, env: "proc")
+    env = {"A": "1", PARENT_ENV: "1"}
+    launcher.vouch("serve", env)
+    assert launcher.refuse("serve", {"A": "1", PARENT_ENV: "2"}) is False  # trusted
+    assert launcher.refuse("engine", env) is True  # another kind: its own launcher
+    assert launcher.refuse("serve", {"A": "2"}) is True
+    proc, how = launcher.start("serve", ["serve"], "/dev/null", {"A": "2"}, ["vllm", "serve"])
+    assert (proc, how) == ("proc", "spawned")
+
+
+@pytest.mark.engine
+def test_a_server_whose_fork_fails_is_started_afresh(tmp_path):
+    """A forked `vllm serve` that exits before any server of its launcher worked (as every one
+    did on an H200 in runs/h200-20261205) costs one failed start: the
+    replica starts afresh, and the deployment records why."""
+    from tunebook.engine import workload_of
+
+    p = Point.from_dict(point("forkfail", env={launcher.FAIL_ENV: "1"}))
+    dep = served.Deployment(p, tmp_path / "logs")
+    try:
+        dep.start()
+        assert dep.server_start == "spawned" and "test hook" in dep.fork_failure
+        assert dep.fingerprint()["fork_failure"] == dep.fork_failure
+        assert "test hook" in (tmp_path / "logs" / "replica0.forked.log").read_text()
+        assert "KV cache" in dep.logs[0].read_text()  # the fresh server's own log
+        assert dep.run(workload_of(p))["metrics"]["num_requests"] > 0
+    finally:
+        dep.shutdown()
+    assert wait_gone() == []
+
+
+@pytest.mark.engine
+def test_an_isolated_point_whose_fork_fails_runs_afresh(base_point, tmp_path):
+    from conftest import engine_processes
+
+    from tunebook.engine import run_point
+
+    env = {**base_point.get("env", {}), launcher.FAIL_ENV: "1"}
+    res = run_point({**base_point, "point_id": "isofail", "env": env}, log_path=tmp_path / "p.log")
+    assert res["status"] == "ok", res.get("error")
+    assert res["env"]["process_start"] == "spawned" and "test hook" in res["env"]["fork_failure"]
+    assert "test hook" in (tmp_path / "p.forked.log").read_text()
+    assert engine_processes() == []

@@ -579,10 +579,23 @@ def parse_log(text: str) -> dict:
     return found
 
 
+# A log record below ERROR: vLLM's ulimit warning, for one, quotes an OSError nobody raised.
+_QUIET = re.compile(r"^(\(\S+ pid=\d+\)\s*)?(WARNING|INFO|DEBUG)\b")
+
+
 def failure_reason(log_text: str) -> str | None:
     """The root cause from the engine log (the exception itself often says only 'initialization failed')."""
-    hits = [m.group(1).strip() for m in _REASON.finditer(log_text)]
-    hits = [h for h in hits if "Engine core initialization failed" not in h]
+    lines = log_text.splitlines()
+    hits = []
+    for i, line in enumerate(lines):
+        m = _REASON.search(line)
+        if not m or _QUIET.match(line) or "Engine core initialization failed" in line:
+            continue
+        hit = m.group(1).strip()
+        if "validation error" in hit and i + 2 < len(lines):
+            # pydantic: the field on the next line, the reason on the one after
+            hit += " " + " ".join(x.strip() for x in lines[i + 1 : i + 3])
+        hits.append(hit)
     return hits[-1][:2000] if hits else None
 
 

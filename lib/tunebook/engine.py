@@ -228,32 +228,51 @@ def run_point(
         ]
         if progress_path:
             cmd.append(str(progress_path))
-        from .launcher import start
+        from . import launcher
 
-        proc, process_start = start("engine", cmd[3:], log_path, env, cmd, module=cmd[2])
-        if on_spawn is not None:
-            try:
-                on_spawn(proc.pid)
-            except BaseException:
-                wait_or_kill(proc, 0)
-                raise
-        rc, timed_out = wait_or_kill(proc, timeout_s)
-        log_text = log_path.read_text(errors="replace")
-        res_file = tmp / "result.json"
-        if res_file.is_file():
-            result = json.loads(res_file.read_text())
-        else:
-            if timed_out:
-                error = f"timed out after {timeout_s} s"
+        fork, fork_failure = True, None
+        while True:
+            proc, process_start = launcher.start(
+                "engine", cmd[3:], log_path, env, cmd, module=cmd[2], fork=fork
+            )
+            if on_spawn is not None:
+                try:
+                    on_spawn(proc.pid)
+                except BaseException:
+                    wait_or_kill(proc, 0)
+                    raise
+            rc, timed_out = wait_or_kill(proc, timeout_s)
+            log_text = log_path.read_text(errors="replace")
+            res_file = tmp / "result.json"
+            if res_file.is_file():
+                result = json.loads(res_file.read_text())
             else:
-                how = (
-                    f"killed by signal {-proc.returncode}"
-                    if proc.returncode and proc.returncode < 0
-                    else f"exit code {rc}"
-                )
-                error = f"engine process died ({how}) before writing a result"
-            reason = failure_reason(log_text)
-            result = _failed(point, error + (f"; log: {reason}" if reason else ""))
+                if timed_out:
+                    error = f"timed out after {timeout_s} s"
+                else:
+                    how = (
+                        f"killed by signal {-proc.returncode}"
+                        if proc.returncode and proc.returncode < 0
+                        else f"exit code {rc}"
+                    )
+                    error = f"engine process died ({how}) before writing a result"
+                reason = failure_reason(log_text)
+                result = _failed(point, error + (f"; log: {reason}" if reason else ""))
+            if process_start == "forked":
+                if result.get("status") == "ok":
+                    launcher.vouch("engine", env)
+                elif not timed_out and launcher.refuse("engine", env):
+                    # No point of this launcher has worked yet: the fork may be the cause.
+                    print(
+                        f"tunebook: point {point.point_id} forked from the launcher failed"
+                        f" ({result.get('error')}); running it as a new process",
+                        file=sys.stderr,
+                    )
+                    log_path.replace(log_path.with_suffix(".forked.log"))
+                    res_file.unlink(missing_ok=True)
+                    fork, fork_failure = False, result.get("error")
+                    continue
+            break
         if (
             result.get("status") != "ok"
             and result.get("error")
@@ -265,6 +284,8 @@ def run_point(
         facts = parse_log(log_text)
         env_fp = result.setdefault("env", {})
         env_fp["process_start"] = process_start
+        if fork_failure:
+            env_fp["fork_failure"] = fork_failure
         if facts.get("attention_backend") and not env_fp.get("attention_backend"):
             env_fp["attention_backend"] = facts["attention_backend"]
         result.setdefault("capacity", {}).update(

@@ -61,6 +61,8 @@ PRELOAD = {
         "vllm.v1.engine.async_llm",
     ),
 }
+# Tests: a forked child fails at once, as a fork that breaks vLLM would (a spawned one is unaffected).
+FAIL_ENV = "TUNEBOOK_LAUNCHER_TEST_FAIL"
 # What a forked child is called (its process name, 15 characters at most).
 CHILD_NAMES = {"serve": "vllm-serve", "engine": "tunebook-engine"}
 READY_TIMEOUT_S = 600.0  # the first import on a cold node's file cache
@@ -237,6 +239,32 @@ class Launcher:
 
 _LAUNCHERS: dict[tuple, Launcher] = {}
 _REGISTRY_LOCK = threading.Lock()
+# Launchers one of whose processes worked (a server healthy, a point done), and those refused: a
+# forked process failed before any had worked, so the fork itself may be what broke it.
+_TRUSTED: set[tuple] = set()
+_REFUSED: set[tuple] = set()
+
+
+def _key(kind: str, env: dict[str, str]) -> tuple:
+    return (kind, *sorted((k, v) for k, v in env.items() if k != PARENT_ENV))
+
+
+def vouch(kind: str, env: dict[str, str]) -> None:
+    """A process forked by the launcher of ``env`` worked: its later failures are its own."""
+    with _REGISTRY_LOCK:
+        _TRUSTED.add(_key(kind, env))
+
+
+def refuse(kind: str, env: dict[str, str]) -> bool:
+    """A process forked by the launcher of ``env`` failed. Unless one of that launcher's processes
+    worked before, fork no more for ``env`` and return True: the caller starts that process
+    afresh once, so a fork that breaks vLLM costs one failed start, not the sweep."""
+    key = _key(kind, env)
+    with _REGISTRY_LOCK:
+        if key in _TRUSTED:
+            return False
+        _REFUSED.add(key)
+        return True
 
 
 def enabled() -> bool:
@@ -255,7 +283,7 @@ def enabled() -> bool:
 def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") -> Launcher:
     """The launcher of this kind and environment, started on first use (its log:
     ``log_dir``/launcher.log, or launcher-engine.log)."""
-    key = (kind, *sorted((k, v) for k, v in env.items() if k != PARENT_ENV))
+    key = _key(kind, env)
     with _REGISTRY_LOCK:
         launcher = _LAUNCHERS.get(key)
         if launcher is None or not launcher.alive():
@@ -276,9 +304,10 @@ def start(
 ) -> tuple:
     """A server (kind "serve": ``vllm <argv>``) or an isolated point's process (kind "engine":
     ``python -m <module> <argv>``), output to ``log``: forked from the launcher of ``env`` where
-    ``fork`` and ``enabled()``, else (or if the launcher fails) ``fresh_cmd`` started afresh by
-    ``isolation.spawn``. Returns the process and "forked" or "spawned"."""
-    if fork and enabled():
+    ``fork`` and ``enabled()`` (and the launcher not refused, see ``refuse``), else (or if the
+    launcher fails) ``fresh_cmd`` started afresh by ``isolation.spawn``. Returns the process and
+    "forked" or "spawned"."""
+    if fork and enabled() and _key(kind, env) not in _REFUSED:
         try:
             x = launcher_for(env, Path(log).parent, kind)
             return x.launch(argv, log, module=module), "forked"
@@ -309,12 +338,18 @@ def _child(req: dict, launcher_pid: int) -> int:
     os.dup2(fd, 2)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.closerange(3, 65536)  # the protocol pipe and the launcher's log are not the server's
+    # The protocol pipe (stdin, replaced above; the reply pipe, closed by the caller) and the
+    # launcher's log (closed after its dup2) are gone now. Whatever else is open stays open, as in
+    # any fork: libraries imported here may hold descriptors they still count on (every forked
+    # server failed on an H200 while the child closed them all).
     os.chdir(req["cwd"])
     # Our parent is the launcher: a child that watches its parent (tunebook.engine's) watches it;
     # PARENT_ENV still names the sweep (the test hook of tunebook.interrupt signals it).
     os.environ[WATCH_ENV] = str(launcher_pid)
     module = req.get("module")
+    if os.environ.get(FAIL_ENV) == "1":  # tests: a fork that breaks what it starts
+        print("RuntimeError: this forked process fails on purpose (test hook)", flush=True)
+        return 1
     # Its command line stays the launcher's (rewriting it would wipe /proc/<pid>/environ); its
     # name says what it is: `ps -o comm`, top, psutil's name().
     with contextlib.suppress(ImportError):

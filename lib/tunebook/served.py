@@ -312,6 +312,7 @@ class Deployment:
         self.start_s: float | None = None
         # "forked" from a launcher that imported vLLM's CLI once, or "spawned" afresh.
         self.server_start = "spawned"
+        self.fork_failure: str | None = None  # why a forked start failed before one worked
         if self.point.serve.get("launcher", "fork") == "fork":
             from .launcher import enabled
 
@@ -419,21 +420,47 @@ class Deployment:
         )
         self.procs.append(proc)
 
+    def _spawn_replica(self, i: int):
+        """Replica ``i`` started afresh (its forked start failed), same port and log."""
+        port = int(urllib.parse.urlparse(self.urls[i]).port)
+        cmd = [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
+        with open(self.logs[i], "w") as f:
+            return spawn(cmd, f, self._env(i))
+
     def _wait_healthy(self, i: int) -> None:
+        from . import launcher
         from .adapter import failure_reason
 
-        proc, url, log = self.procs[i], self.urls[i], self.logs[i]
+        url, log = self.urls[i], self.logs[i]
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
+            proc = self.procs[i]
             if proc.poll() is not None:
                 text = log.read_text(errors="replace")
                 reason = failure_reason(text) or _tail(text)
+                forked = isinstance(proc, launcher.LaunchedProcess)
+                if forked and launcher.refuse("serve", self._env(i)):
+                    # No server of this launcher has worked yet: the fork may be the cause.
+                    print(
+                        f"tunebook: replica {i} forked from the launcher exited before it became"
+                        f" healthy ({reason}); starting it as a new process",
+                        file=sys.stderr,
+                    )
+                    self.fork_failure = reason
+                    kill_group(proc)  # an engine core it left behind holds device memory
+                    log.replace(log.with_suffix(".forked.log"))
+                    self.server_start = "spawned"
+                    self.procs[i] = self._spawn_replica(i)
+                    deadline = time.monotonic() + self.start_timeout_s
+                    continue
                 raise RuntimeError(
                     f"replica {i} (vllm serve) exited with code {proc.returncode} before it"
                     f" became healthy: {reason}"
                 )
             with contextlib.suppress(OSError, urllib.error.URLError):
                 if _get(url + "/health", timeout=2)[0] == 200:
+                    if isinstance(proc, launcher.LaunchedProcess):
+                        launcher.vouch("serve", self._env(i))
                     return
             time.sleep(0.5)
         raise TimeoutError(
@@ -540,6 +567,7 @@ class Deployment:
             "serve": self.point.serve,
             "server": "vllm serve",
             "server_start": self.server_start,
+            **({"fork_failure": self.fork_failure} if self.fork_failure else {}),
             "replicas": self.replicas,
             "router": f"vllm-router {_dist_version('vllm-router')} ({self.policy})"
             if self.router
