@@ -746,6 +746,8 @@ def measure(args) -> dict:
             "device": env.get("device"),
             "cpu_count": os.cpu_count(),
             "server": f"vllm serve (settings {server_settings(args)})",
+            "server_start": env.get("server_start"),  # forked from tunebook's launcher, or not
+            "server_start_s": dep.start_s if dep else None,
             "model": args.model,
             "client_B": env.get("client"),
             "client_B_metrics_interval_s": args.metrics_interval_s,
