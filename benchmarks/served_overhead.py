@@ -658,6 +658,60 @@ def measure(args) -> dict:
     cost: dict = {}
     load0 = os.getloadavg()
     t_start = time.time()
+
+    def result(done: bool) -> dict:
+        """What was measured, over the whole ABBA blocks run so far."""
+        n = len(runs) - len(runs) % 4
+        return {
+            "question": "tunebook's served client vs vllm bench serve, same warm server, same requests",
+            "date": time.strftime("%Y-%m-%d", time.localtime(t_start)),
+            "complete": done,
+            "order": order[:n],
+            "blocks": n // 4,
+            "request_set": {
+                "num_prompts": args.num_prompts,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "arrivals": "all at t=0 (request rate inf)",
+                "max_concurrency": args.max_concurrency,
+                "sampling": "greedy, ignore_eos, repetition_penalty 1.0",
+                "prompt_tokens_seen_by_server": sorted(
+                    {r.get("total_input_tokens") for r in runs[:n] if r.get("total_input_tokens")}
+                ),
+                "output_tokens_per_run": sorted(
+                    {r.get("total_output_tokens") for r in runs[:n] if r.get("total_output_tokens")}
+                ),
+            },
+            "failed_requests": sum(r.get("failed") or 0 for r in runs[:n]),
+            "arms": dict(zip(("A", "B"), ARMS[args.arms], strict=True)),
+            "runs": runs[:n],
+            "comparison": compare(order[:n], runs[:n], ARMS[args.arms]) if n else {},
+            "scrape_cost": cost,
+            "env": {
+                "vllm_version": env.get("vllm_version"),
+                "torch_version": env.get("torch_version"),
+                "platform": env.get("platform"),
+                "device": env.get("device"),
+                "cpu_count": os.cpu_count(),
+                "server": f"vllm serve (settings {server_settings(args)})",
+                "server_start": env.get("server_start"),  # forked from tunebook's launcher, or not
+                "server_start_s": dep.start_s if dep else None,
+                "model": args.model,
+                "client_B": env.get("client"),
+                "client_B_metrics_interval_s": args.metrics_interval_s,
+                "client_A": (
+                    f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)"
+                    if args.arms == "bench"
+                    else "tunebook's client, gauge sampler idle (metrics_interval_s 3600)"
+                ),
+                "bench_command": env.get("bench_command"),
+                "loadavg_before": load0,
+                "loadavg_after": os.getloadavg(),
+                "wall_s": time.time() - t_start,
+            },
+            "processes_left": our_processes() if done else None,
+        }
+
     try:
         dep = Deployment(point, work / "logs")
         dep.start()
@@ -701,6 +755,8 @@ def measure(args) -> dict:
                 f" TPOT p50 {rec['tpot_median_ms']:.2f} ms",
                 flush=True,
             )
+            if len(runs) % 4 == 0 and getattr(args, "out", None):  # a cut run keeps its blocks
+                write_result(args.out, result(done=False))
         try:  # an aside: it must never cost the runs above
             cost = scrape_cost(dep)
         except Exception as e:  # noqa: BLE001
@@ -713,56 +769,16 @@ def measure(args) -> dict:
         from tunebook.launcher import close_all
 
         close_all()  # the launcher that forked the server: nothing may be left
-    left = our_processes()
-    failed = sum(r.get("failed") or 0 for r in runs)
-    return {
-        "question": "tunebook's served client vs vllm bench serve, same warm server, same requests",
-        "date": time.strftime("%Y-%m-%d", time.localtime(t_start)),
-        "order": order,
-        "blocks": args.blocks,
-        "request_set": {
-            "num_prompts": args.num_prompts,
-            "input_len": args.input_len,
-            "output_len": args.output_len,
-            "arrivals": "all at t=0 (request rate inf)",
-            "max_concurrency": args.max_concurrency,
-            "sampling": "greedy, ignore_eos, repetition_penalty 1.0",
-            "prompt_tokens_seen_by_server": sorted(
-                {r.get("total_input_tokens") for r in runs if r.get("total_input_tokens")}
-            ),
-            "output_tokens_per_run": sorted(
-                {r.get("total_output_tokens") for r in runs if r.get("total_output_tokens")}
-            ),
-        },
-        "failed_requests": failed,
-        "arms": dict(zip(("A", "B"), ARMS[args.arms], strict=True)),
-        "runs": runs,
-        "comparison": compare(order, runs, ARMS[args.arms]),
-        "scrape_cost": cost,
-        "env": {
-            "vllm_version": env.get("vllm_version"),
-            "torch_version": env.get("torch_version"),
-            "platform": env.get("platform"),
-            "device": env.get("device"),
-            "cpu_count": os.cpu_count(),
-            "server": f"vllm serve (settings {server_settings(args)})",
-            "server_start": env.get("server_start"),  # forked from tunebook's launcher, or not
-            "server_start_s": dep.start_s if dep else None,
-            "model": args.model,
-            "client_B": env.get("client"),
-            "client_B_metrics_interval_s": args.metrics_interval_s,
-            "client_A": (
-                f"vllm bench serve ({args.bench_launch}, lead {args.bench_lead_s} s)"
-                if args.arms == "bench"
-                else "tunebook's client, gauge sampler idle (metrics_interval_s 3600)"
-            ),
-            "bench_command": env.get("bench_command"),
-            "loadavg_before": load0,
-            "loadavg_after": os.getloadavg(),
-            "wall_s": time.time() - t_start,
-        },
-        "processes_left": left,
-    }
+    return result(done=True)
+
+
+def write_result(path: str | Path, result: dict) -> None:
+    """Write ``result`` atomically: a reader (or a run cut mid-write) never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    tmp.replace(path)
 
 
 def main() -> None:
@@ -833,8 +849,7 @@ def main() -> None:
     abba_order(args.blocks)  # a bad --blocks fails before any server starts
 
     result = measure(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    write_result(args.out, result)
     print(report(result))
     print(f"written: {args.out}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from test_served import point, wait_gone
@@ -155,6 +156,9 @@ def test_a_launcher_is_refused_when_its_first_fork_fails(monkeypatch):
     assert launcher.refuse("serve", {"A": "2"}) is True
     proc, how = launcher.start("serve", ["serve"], "/dev/null", {"A": "2"}, ["vllm", "serve"])
     assert (proc, how) == ("proc", "spawned")
+    # started afresh it failed too: its own failure, so the launcher forks again
+    launcher.pardon("serve", {"A": "2"})
+    assert launcher._key("serve", {"A": "2"}) not in launcher._REFUSED
 
 
 @pytest.mark.engine
@@ -190,3 +194,40 @@ def test_an_isolated_point_whose_fork_fails_runs_afresh(base_point, tmp_path):
     assert res["env"]["process_start"] == "spawned" and "test hook" in res["env"]["fork_failure"]
     assert "test hook" in (tmp_path / "p.forked.log").read_text()
     assert engine_processes() == []
+
+
+class _Exited:
+    """A server process that has already exited with code 1."""
+
+    pid, returncode = 999_999, 1
+
+    def poll(self):
+        return 1
+
+
+def test_a_setting_that_fails_afresh_too_keeps_the_launcher(monkeypatch, tmp_path):
+    """A forked server failed, and started afresh it failed again: the setting's fault, not the
+    fork's, so the error is raised and the launcher of that environment forks again."""
+    monkeypatch.setattr(launcher, "_TRUSTED", set())
+    monkeypatch.setattr(launcher, "_REFUSED", set())
+    monkeypatch.setattr(served, "kill_group", lambda proc: None)
+
+    def forked(kind, argv, log, env, fresh_cmd, fork=True):
+        Path(log).write_text("ValueError: no such setting\n")
+        child = launcher.LaunchedProcess(999_999, argv)
+        child._exited(1)
+        return child, "forked"
+
+    def spawned(cmd, f, env):
+        f.write("ValueError: no such setting, afresh\n")
+        return _Exited()
+
+    monkeypatch.setattr(launcher, "start", forked)
+    monkeypatch.setattr(served, "spawn", spawned)
+    dep = served.Deployment(Point.from_dict(point("bad")), tmp_path)
+    dep._start_replica(0, 12345)
+    with pytest.raises(RuntimeError, match="no such setting, afresh"):
+        dep._wait_healthy(0)
+    assert dep.fork_failure == "ValueError: no such setting" and dep.server_start == "spawned"
+    assert (tmp_path / "replica0.forked.log").is_file()
+    assert launcher._REFUSED == set()  # pardoned: the next server is forked again

@@ -212,8 +212,20 @@ def test_one_block_on_a_real_server(tmp_path, monkeypatch):
             str(out),
         ],
     )
+    written, write = [], so.write_result
+    monkeypatch.setattr(
+        so,
+        "write_result",
+        lambda path, r: written.append((r["complete"], r["blocks"])) or write(path, r),
+    )
     so.main()
     result = json.loads(out.read_text())
+    # each whole block is written as it ends (a run cut by its budget keeps its blocks), then the end
+    assert written == [(False, 1), (True, 1)]
+    assert (
+        result["env"]["server_start"] in ("forked", "spawned")
+        and result["env"]["server_start_s"] > 0
+    )
     assert result["processes_left"] == []
     assert result["failed_requests"] == 0
     assert [r["arm"] for r in result["runs"]] == ["A", "B", "B", "A"]

@@ -272,6 +272,8 @@ def run_point(
                     res_file.unlink(missing_ok=True)
                     fork, fork_failure = False, result.get("error")
                     continue
+            elif fork_failure and result.get("status") != "ok":  # afresh, it failed too
+                launcher.pardon("engine", env)
             break
         if (
             result.get("status") != "ok"

@@ -267,6 +267,13 @@ def refuse(kind: str, env: dict[str, str]) -> bool:
         return True
 
 
+def pardon(kind: str, env: dict[str, str]) -> None:
+    """The process ``refuse`` had started afresh failed as well: the failure was its own (a
+    setting that cannot start, say), not the fork's, so the launcher of ``env`` forks again."""
+    with _REGISTRY_LOCK:
+        _REFUSED.discard(_key(kind, env))
+
+
 def enabled() -> bool:
     """Whether servers and isolated points may be forked from a launcher: vLLM's CLI importable
     by this Python, and not switched off by ``TUNEBOOK_LAUNCHER=0``."""

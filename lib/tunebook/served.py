@@ -453,6 +453,8 @@ class Deployment:
                     self.procs[i] = self._spawn_replica(i)
                     deadline = time.monotonic() + self.start_timeout_s
                     continue
+                if self.fork_failure and not forked:  # afresh, it failed too: not the fork
+                    launcher.pardon("serve", self._env(i))
                 raise RuntimeError(
                     f"replica {i} (vllm serve) exited with code {proc.returncode} before it"
                     f" became healthy: {reason}"
