@@ -231,3 +231,23 @@ def test_a_setting_that_fails_afresh_too_keeps_the_launcher(monkeypatch, tmp_pat
     assert dep.fork_failure == "ValueError: no such setting" and dep.server_start == "spawned"
     assert (tmp_path / "replica0.forked.log").is_file()
     assert launcher._REFUSED == set()  # pardoned: the next server is forked again
+
+
+def test_a_forked_server_killed_by_a_signal_is_not_started_again(monkeypatch, tmp_path):
+    """A signal comes from outside (Ctrl-C, the OOM killer): not the fork's doing."""
+    monkeypatch.setattr(launcher, "_TRUSTED", set())
+    monkeypatch.setattr(launcher, "_REFUSED", set())
+
+    def forked(kind, argv, log, env, fresh_cmd, fork=True):
+        Path(log).write_text("")
+        child = launcher.LaunchedProcess(999_999, argv)
+        child._exited(-9)
+        return child, "forked"
+
+    monkeypatch.setattr(launcher, "start", forked)
+    monkeypatch.setattr(served, "spawn", lambda cmd, f, env: pytest.fail("started again"))
+    dep = served.Deployment(Point.from_dict(point("killed")), tmp_path)
+    dep._start_replica(0, 12345)
+    with pytest.raises(RuntimeError, match="exited with code -9"):
+        dep._wait_healthy(0)
+    assert dep.fork_failure is None and launcher._REFUSED == set()

@@ -242,6 +242,7 @@ def run_point(
                     wait_or_kill(proc, 0)
                     raise
             rc, timed_out = wait_or_kill(proc, timeout_s)
+            killed = proc.returncode is not None and proc.returncode < 0
             log_text = log_path.read_text(errors="replace")
             res_file = tmp / "result.json"
             if res_file.is_file():
@@ -261,8 +262,9 @@ def run_point(
             if process_start == "forked":
                 if result.get("status") == "ok":
                     launcher.vouch("engine", env)
-                elif not timed_out and launcher.refuse("engine", env):
-                    # No point of this launcher has worked yet: the fork may be the cause.
+                elif not timed_out and not killed and launcher.refuse("engine", env):
+                    # No point of this launcher has worked yet: the fork may be the cause (a
+                    # signal or the timeout came from outside: the point's own failure).
                     print(
                         f"tunebook: point {point.point_id} forked from the launcher failed"
                         f" ({result.get('error')}); running it as a new process",

@@ -439,8 +439,9 @@ class Deployment:
                 text = log.read_text(errors="replace")
                 reason = failure_reason(text) or _tail(text)
                 forked = isinstance(proc, launcher.LaunchedProcess)
-                if forked and launcher.refuse("serve", self._env(i)):
-                    # No server of this launcher has worked yet: the fork may be the cause.
+                if forked and proc.returncode > 0 and launcher.refuse("serve", self._env(i)):
+                    # No server of this launcher has worked yet: the fork may be the cause (a
+                    # signal came from outside).
                     print(
                         f"tunebook: replica {i} forked from the launcher exited before it became"
                         f" healthy ({reason}); starting it as a new process",
