@@ -413,7 +413,7 @@ class Deployment:
         self.urls.append(f"http://127.0.0.1:{port}")
         from .launcher import start
 
-        cmd = [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
+        cmd = self._fresh_cmd(port)
         fork = self.server_start == "forked"  # a launcher that failed once is not asked again
         proc, self.server_start = start(
             "serve", self.serve_args(port), log, self._env(i), cmd, fork=fork
@@ -423,9 +423,12 @@ class Deployment:
     def _spawn_replica(self, i: int):
         """Replica ``i`` started afresh (its forked start failed), same port and log."""
         port = int(urllib.parse.urlparse(self.urls[i]).port)
-        cmd = [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
         with open(self.logs[i], "w") as f:
-            return spawn(cmd, f, self._env(i))
+            return spawn(self._fresh_cmd(port), f, self._env(i))
+
+    def _fresh_cmd(self, port: int) -> list[str]:
+        """A replica started as a new process: `vllm serve` under tunebook.isolation."""
+        return [sys.executable, "-m", "tunebook.isolation", "--", *self.server_argv(port)]
 
     def _wait_healthy(self, i: int) -> None:
         from . import launcher
