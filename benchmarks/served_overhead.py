@@ -774,11 +774,9 @@ def measure(args) -> dict:
 
 def write_result(path: str | Path, result: dict) -> None:
     """Write ``result`` atomically: a reader (or a run cut mid-write) never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    tmp.replace(path)
+    from tunebook.results import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(result, indent=2, default=str))
 
 
 def main() -> None:
