@@ -235,3 +235,22 @@ def test_in_process_workloads_of_one_config_and_repeat_share_one_engine_start(
     assert (
         y0["metrics"]["engine_generation_tokens"] == online["num_requests"] * online["output_len"]
     )
+
+
+def test_failure_reason_names_the_root_cause_not_vllms_wrappers():
+    """Pure logic over a log shaped like a vllm serve start that failed in its worker."""
+    from tunebook.adapter import failure_reason
+
+    log = "\n".join(
+        [
+            "(APIServer pid=1) WARNING 12-05 16:55:01 [system_utils.py:255] Found ulimit of 20000 ...",
+            "(VllmWorker-0 pid=3) ERROR 12-05 16:55:17 [multiproc_executor.py:953] ValueError:"
+            " Available memory on node 0 (21.11/23.54 GiB) on startup is less than desired",
+            "(EngineCore pid=2) ERROR 12-05 16:55:18 [core.py:1510] Exception: WorkerProc"
+            " initialization failed due to an exception in a background process. See stack trace"
+            " for root cause.",
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core"
+            " proc(s): {}",
+        ]
+    )
+    assert failure_reason(log).startswith("ValueError: Available memory on node 0")

@@ -583,13 +583,17 @@ def parse_log(text: str) -> dict:
 _QUIET = re.compile(r"^(\(\S+ pid=\d+\)\s*)?(WARNING|INFO|DEBUG)\b")
 
 
+# vLLM's re-raises that point back at the root cause instead of naming it.
+_WRAPPERS = ("Engine core initialization failed", "See stack trace for root cause")
+
+
 def failure_reason(log_text: str) -> str | None:
     """The root cause from the engine log (the exception itself often says only 'initialization failed')."""
     lines = log_text.splitlines()
     hits = []
     for i, line in enumerate(lines):
         m = _REASON.search(line)
-        if not m or _QUIET.match(line) or "Engine core initialization failed" in line:
+        if not m or _QUIET.match(line) or any(w in line for w in _WRAPPERS):
             continue
         hit = m.group(1).strip()
         if "validation error" in hit and i + 2 < len(lines):
