@@ -203,3 +203,27 @@ def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypa
     assert "(MainProcess" not in printed and "The global random seed" not in printed
     log = (run_dir / "00_baseline" / "logs" / "engine.log").read_text()
     assert "The global random seed" in log
+
+
+def test_starts_are_grouped_by_how_they_started(tmp_path):
+    secs = {"engine_start": 10.0, "warmup": 1.0, "measure": 4.0, "teardown": 1.0, "process": 0.0}
+    served = {"server_start": "forked", "engine_core": "forked", "replicas": 1}
+    sd = SweepDir(tmp_path / "00_baseline" / "s")
+    sd.write("a", _point("a", secs, 16.0, mode="served", env=served))
+    sd.write("b", _point("b", {**secs, "engine_start": 20.0}, 26.0, mode="served", env=served))
+    # reused a's server: not a start
+    sd.write("c", _point("c", {**secs, "engine_start": 0.0}, 5.0, mode="served", env=served))
+    sd.write("d", _point("d", secs, 16.0, mode="served", env=served, shared_start="a"))
+    sd = SweepDir(tmp_path / "01_kv_cache_sizing" / "s")
+    sd.write("e", _point("e", {**secs, "process": 3.0}, 19.0, env={"process_start": "forked"}))
+    sd.write("f", _point("f", None, 30.0, engine_start_s=25.0))  # no per-phase seconds
+    rows = {r["kind"]: r for r in cost.starts(tmp_path)}
+    assert set(rows) == {
+        "vllm serve (forked, engine core forked)",
+        "in-process (forked point process)",
+    }
+    r = rows["vllm serve (forked, engine core forked)"]
+    assert r["starts"] == 2 and r["median_s"] == pytest.approx(16.0)  # (11 + 21) / 2
+    assert (r["min_s"], r["max_s"], r["total_s"]) == pytest.approx((11.0, 21.0, 32.0))
+    assert rows["in-process (forked point process)"]["total_s"] == pytest.approx(14.0)
+    assert "2 start(s), median 16.0 [11.0-21.0]" in cost.starts_table(cost.starts(tmp_path))

@@ -16,6 +16,7 @@ runs' ``duration_s``, warm-up as the rest of ``wall_s``) and each row says which
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 PHASES = ("engine_start", "warmup", "measure", "teardown", "process")
@@ -160,6 +161,59 @@ def run_cost(run_dir: str | Path) -> list[dict]:
     return [notebook_cost(run_dir, n, state) for n in names]
 
 
+def start_kind(p: dict) -> str:
+    """How a point's engine started, in words: the process that holds it and how it was made."""
+    env = p.get("env") or {}
+    if p.get("mode") == "served":
+        server = env.get("server_start") or "start not recorded"
+        core = env.get("engine_core")
+        n = env.get("replicas") or 1
+        what = f"vllm serve x{n}" if n > 1 else "vllm serve"
+        return f"{what} ({server}" + (f", engine core {core})" if core else ")")
+    how = env.get("process_start")
+    return f"in-process ({how} point process)" if how else "in-process (in the kernel)"
+
+
+def starts(run_dir: str | Path) -> list[dict]:
+    """Every engine start of a run, grouped by how it started: count and seconds (start plus
+    stop, process start included). A point that reused another's start (``shared_start``) and
+    a point that failed before its engine was up are not starts."""
+    run_dir = Path(run_dir)
+    groups: dict[str, list[float]] = {}
+    for d in sorted(x for x in run_dir.iterdir() if x.is_dir()) if run_dir.is_dir() else []:
+        for p in point_files(d):
+            secs = p.get("seconds")
+            if p.get("shared_start") or not isinstance(secs, dict) or not secs.get("engine_start"):
+                continue
+            s = sum(float(secs.get(k) or 0.0) for k in ("engine_start", "process", "teardown"))
+            groups.setdefault(start_kind(p), []).append(s)
+    rows = []
+    for kind, xs in sorted(groups.items()):
+        rows.append(
+            {
+                "kind": kind,
+                "starts": len(xs),
+                "median_s": statistics.median(xs),
+                "min_s": min(xs),
+                "max_s": max(xs),
+                "total_s": sum(xs),
+            }
+        )
+    return rows
+
+
+def starts_table(rows: list[dict]) -> str:
+    if not rows:
+        return "engine starts: none recorded with per-phase seconds"
+    lines = ["engine starts (start + stop, seconds):"]
+    for r in rows:
+        lines.append(
+            f"  {r['kind']}: {r['starts']} start(s), median {r['median_s']:.1f}"
+            f" [{r['min_s']:.1f}-{r['max_s']:.1f}], {r['total_s']:.0f} in all"
+        )
+    return "\n".join(lines)
+
+
 def total(rows: list[dict]) -> dict:
     out = {"notebook": "total", "calls": sum(r["calls"] for r in rows)}
     for k in ("points", "failed_points", "gpu_s", *CATEGORIES):
@@ -246,4 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"run {run_dir.name}: device time (GPU-seconds = wall time holding the device)")
         print(table(rows))
+        print()
+        print(starts_table(starts(run_dir)))
     return 0
