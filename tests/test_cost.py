@@ -198,6 +198,7 @@ def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypa
         if o.get("output_type") == "stream"
     )
     assert "GPU time of 00_baseline over 2 calls" in printed
+    assert "engine starts (start + stop, seconds):" in printed
     assert "engine log:" in printed
     # vLLM's own lines went to the engine log, not into the cells
     assert "(MainProcess" not in printed and "The global random seed" not in printed
@@ -227,3 +228,5 @@ def test_starts_are_grouped_by_how_they_started(tmp_path):
     assert (r["min_s"], r["max_s"], r["total_s"]) == pytest.approx((11.0, 21.0, 32.0))
     assert rows["in-process (forked point process)"]["total_s"] == pytest.approx(14.0)
     assert "2 start(s), median 16.0 [11.0-21.0]" in cost.starts_table(cost.starts(tmp_path))
+    only = cost.starts(tmp_path, "01_kv_cache_sizing")
+    assert [r["kind"] for r in only] == ["in-process (forked point process)"]

@@ -174,13 +174,14 @@ def start_kind(p: dict) -> str:
     return f"in-process ({how} point process)" if how else "in-process (in the kernel)"
 
 
-def starts(run_dir: str | Path) -> list[dict]:
-    """Every engine start of a run, grouped by how it started: count and seconds (start plus
-    stop, process start included). A point that reused another's start (``shared_start``) and
-    a point that failed before its engine was up are not starts."""
+def starts(run_dir: str | Path, notebook: str | None = None) -> list[dict]:
+    """Every engine start of a run (or of one notebook), grouped by how it started: count and
+    seconds (start plus stop, process start included). A point that reused another's start
+    (``shared_start``) and a point that failed before its engine was up are not starts."""
     run_dir = Path(run_dir)
     groups: dict[str, list[float]] = {}
-    for d in sorted(x for x in run_dir.iterdir() if x.is_dir()) if run_dir.is_dir() else []:
+    folders = sorted(x for x in run_dir.iterdir() if x.is_dir()) if run_dir.is_dir() else []
+    for d in [x for x in folders if notebook in (None, x.name)]:
         for p in point_files(d):
             secs = p.get("seconds")
             if p.get("shared_start") or not isinstance(secs, dict) or not secs.get("engine_start"):

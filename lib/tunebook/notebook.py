@@ -87,3 +87,4 @@ def end(run_dir: str | Path, notebook: str) -> None:
     """The last cell: the engine log in a few lines, and the notebook's GPU-seconds."""
     print(console.summarize_log(log_path(run_dir, notebook)))
     print(gpu_time_text(run_dir, notebook))
+    print(cost.starts_table(cost.starts(run_dir, notebook)))
