@@ -166,16 +166,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def arm_order(arms: str, starts: int) -> list[str]:
+def arm_order(arms: str, starts: int, api_server: str = "spawn") -> list[str]:
     """Cache: C W C W ... (the first cold start fills the warm folders). mp: one filling start,
-    then spawn and fork in ABBA order, so a drift over the run falls on both arms alike."""
+    then spawn and fork in ABBA order, so a drift over the run falls on both arms alike; with
+    the API servers forked, one filling start per arm: the engine-core method is part of a
+    launcher's environment, so each arm has a launcher whose one import is in no arm."""
     if arms == "cache":
         return ["cold" if i % 2 == 0 else "warm" for i in range(starts)]
     if arms == "launcher":
         abba = ("spawned", "forked", "forked", "spawned")
         return ["fill-forked"] + [abba[i % 4] for i in range(starts)]
     abba = ("spawn", "fork", "fork", "spawn")
-    return ["fill"] + [abba[i % 4] for i in range(starts)]
+    fills = ["fill", "fill-fork"] if api_server == "fork" else ["fill"]
+    return fills + [abba[i % 4] for i in range(starts)]
 
 
 def measure_isolated(args) -> dict:
@@ -239,7 +242,7 @@ def measure(args) -> dict:
     settings = json.loads(args.settings) if args.settings else {}
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="start-cost-"))
     warm = root / "warm"
-    order = arm_order(args.arms, args.starts)
+    order = arm_order(args.arms, args.starts, args.api_server)
     rows: list[dict] = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +251,7 @@ def measure(args) -> dict:
         # The first start fills the warm folders (cold itself); later cold starts get empty ones.
         base = root / f"cold-{i}" if (arm == "cold" and i > 0) else warm
         env = {k: str(base / k.lower()) for k in CACHE_ENV}
-        core = "fork" if arm == "fork" or args.engine_core == "fork" else "spawn"
+        core = "fork" if arm in ("fork", "fill-fork") or args.engine_core == "fork" else "spawn"
         point = {
             "point_id": f"start-{i}-{arm}",
             "model": args.model,

@@ -10,7 +10,7 @@
 #        spawned vs forked from tunebook's launcher), starts-launcher-fork (the same, engine core
 #        forked in both arms), starts-core (warm starts, every API server forked from the
 #        launcher, its engine core spawned vs forked),
-#        00 01 02 03 04 (notebooks, resumable).
+#        00 01 02 03 04 05 (notebooks, resumable).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
 # packed into $OUT/run.tgz (or ./run.tgz) whatever happened.

@@ -68,6 +68,8 @@ def test_arm_orders():
     assert sc.arm_order("cache", 4) == ["cold", "warm", "cold", "warm"]
     # mp: a filling start (not counted), then ABBA so a drift over the run hits both arms alike
     assert sc.arm_order("mp", 4) == ["fill", "spawn", "fork", "fork", "spawn"]
+    # the API servers forked: each engine-core method has its own launcher, filled apart
+    assert sc.arm_order("mp", 4, "fork") == ["fill", "fill-fork", "spawn", "fork", "fork", "spawn"]
     # launcher: the filling start is forked, so the launcher's one import is not in an arm
     assert sc.arm_order("launcher", 4) == ["fill-forked", "spawned", "forked", "forked", "spawned"]
     assert {sc.SERVER_START[a] for a in sc.arm_order("launcher", 4)} == {"fork", "spawn"}

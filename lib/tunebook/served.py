@@ -388,7 +388,7 @@ class Deployment:
         env.setdefault("PYTHONUNBUFFERED", "1")
         env["VLLM_LOGGING_LEVEL"] = str(self.point.env.get("VLLM_LOGGING_LEVEL", "INFO"))
         # `vllm serve` spawns its engine core unless told otherwise: a fresh interpreter that
-        # imports vLLM again, 16-20 s of every start on an H200 node. The API server has not
+        # imports vLLM again, 16-29 s of every start on an H100 or H200 node (README). The API server has not
         # touched CUDA when it starts the core, so forking it is safe (what `LLM` does); a
         # point's own env or the caller's environment still decides where they set it.
         if "VLLM_WORKER_MULTIPROC_METHOD" not in self.point.env:
