@@ -724,3 +724,20 @@ def test_ctrl_c_of_the_headless_runner_stops_it_and_records_the_notebook(
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in kernels_before]
     gone, alive = psutil.wait_procs(left, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_kill_group_returns_once_the_whole_group_is_gone():
+    """An engine core outlives its API server by a moment when both are killed: kill_group waits
+    for the group's last member (no timing asserted), so its memory is free for the next start."""
+    from tunebook.isolation import group_alive, kill_group, spawn
+
+    code = (
+        "import subprocess, sys, time;"
+        " subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+        " print('up', flush=True); time.sleep(600)"
+    )
+    proc = spawn([sys.executable, "-c", code], subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"up"
+    assert group_alive(proc.pid)
+    kill_group(proc)
+    assert proc.returncode is not None and not group_alive(proc.pid)

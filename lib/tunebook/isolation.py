@@ -56,6 +56,39 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    # The rest of the group (an engine core, its workers) dies on its own clock once killed:
+    # wait for it, so that what it held (device memory, a port) is free for the next start.
+    deadline = time.monotonic() + GROUP_EXIT_S
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+# How long kill_group waits for the killed group's last members to be gone.
+GROUP_EXIT_S = 5.0
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still runs (zombies, dead but not reaped, do not
+    count: they hold no memory and nobody may reap a reparented one)."""
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:  # no /proc: ask the kernel (zombies count there)
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def wait_or_kill(proc: subprocess.Popen, timeout_s: float | None) -> tuple[int | None, bool]:
