@@ -622,12 +622,16 @@ def test_sigint_with_vllm_multiprocessing_leaves_no_engine_core(tmp_path):
 
 
 KERNEL_CODE = """\
-import json, os
+import json, os, time
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from tunebook.sweep import make_points, run_sweep
 base, configs = json.loads({base!r}), json.loads({configs!r})
 def on_result(r):
     print("WRITTEN", r["point_id"], flush=True)
+    if r["point_id"] == "a-r0":
+        # The sweep waits here for the test's interrupt: the line above may reach the test late
+        # (the kernel's iopub thread competes with the engine), after b had already finished.
+        time.sleep(120)
 run_sweep(make_points(base, configs), {out!r}, isolate=False, progress=False, on_result=on_result)
 print("SWEEP DONE", flush=True)
 """
