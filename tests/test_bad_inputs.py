@@ -181,19 +181,23 @@ def test_check_injected_checks_values_too():
         profiles.check_injected(_ns({}, {"block_sizes": [7]}), "02_block_size_sweep")
 
 
-def test_begin_leaves_no_run_folder_for_bad_values(tmp_path):
-    """A value error after the engine log started leaves neither the run folder nor the log."""
+@pytest.mark.parametrize("prestart", ["0", "1"])
+def test_begin_leaves_no_run_folder_for_bad_values(tmp_path, monkeypatch, prestart):
+    """A value error after the engine log started leaves neither the run folder nor the log, nor
+    the launchers started early (on a GPU node) with their logs."""
     import tunebook.notebook as tbn
-    from tunebook import console
+    from tunebook import console, launcher
 
-    run_dir = tmp_path / "run"
+    monkeypatch.setenv("TUNEBOOK_PRESTART", prestart)
+    monkeypatch.setattr(launcher, "_LAUNCHERS", {})
+    run_dir = tmp_path / "run" / "sub"
     ns = _ns({"run_dir": str(run_dir)}, {"block_sizes": [7]})
     try:
         with pytest.raises(ConfigError, match="none is a valid block_size"):
             tbn.begin(ns, "02_block_size_sweep")
     finally:
         console.release_engine_log()
-    assert not run_dir.exists()
+    assert not (tmp_path / "run").exists() and not launcher._LAUNCHERS
 
 
 def test_empty_run_dir_is_inside_the_repository():

@@ -14,8 +14,12 @@ from tunebook import launcher, served
 from tunebook.interrupt import PARENT_ENV
 from tunebook.points import Point
 
+REAL_LAUNCHER = launcher.Launcher
+
 
 class FakeLauncher:
+    early = False
+
     def __init__(self, env, log, kind="serve"):
         self.env, self.log, self.kind = env, log, kind
 
@@ -251,3 +255,103 @@ def test_a_forked_server_killed_by_a_signal_is_not_started_again(monkeypatch, tm
     with pytest.raises(RuntimeError, match="exited with code -9"):
         dep._wait_healthy(0)
     assert dep.fork_failure is None and launcher._REFUSED == set()
+
+
+def test_prestarted_launchers_are_the_ones_points_fork_from(monkeypatch, tmp_path):
+    """A notebook starts its launchers before its first point: they must be keyed by the very
+    environment that point's server and isolated process get (up to what importing vLLM sets
+    in both), or the early import is wasted."""
+    from tunebook.engine import child_env, prepare
+    from tunebook.workbook import Workbook
+
+    started: list[tuple] = []
+    monkeypatch.setattr(
+        launcher, "prestart", lambda kind, env, log_dir: started.append((kind, env)) or True
+    )
+    env = {"SOME_SWITCH": "1"}
+    before = dict(os.environ)
+    assert launcher.prestart_for(env, True, tmp_path) == ["serve", "engine"]
+    wb = Workbook(str(tmp_path), "nb", "tiny-ernie", {"max_model_len": 512}, env)
+    wl = {"kind": "fixed", "num_requests": 2, "prompt_len": 8, "output_len": 2}
+    served_pt, iso_pt = (
+        prepare(p)
+        for p in wb.points({"a": {}}, wl, mode="served", slo={"ttft_ms": 500, "tpot_ms": 50})
+        + wb.points({"b": {}}, wl)
+    )
+    # what importing vLLM here (prepare) set: the launcher's own imports set it too
+    drift = {k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k)}
+
+    def key(kind, e):
+        return launcher._key(kind, {k: v for k, v in e.items() if k not in drift})
+
+    keys = {kind: key(kind, e) for kind, e in started}
+    assert key("serve", served.Deployment(served_pt, tmp_path / "logs")._env(0)) == keys["serve"]
+    assert key("engine", child_env(iso_pt.env)) == keys["engine"]
+    # not isolated: in-process points run in the kernel, only served ones fork
+    assert launcher.prestart_for(env, False, tmp_path) == ["serve"]
+    # on CPU nothing is started unless asked for (a launcher nobody uses takes a core)
+    monkeypatch.delenv("TUNEBOOK_PRESTART", raising=False)
+    assert launcher.wants_prestart() is False
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "1")
+    assert launcher.wants_prestart() is True
+
+
+class ReadyLauncher(FakeLauncher):
+    early = True
+    env_changes = {"SET_BY_IMPORT": "1", "GONE_BY_IMPORT": None}
+
+    def wait_ready(self, timeout):
+        return True
+
+    def serves(self, env):
+        return REAL_LAUNCHER.serves(self, env)
+
+
+def test_an_early_launcher_serves_the_environment_its_imports_made(monkeypatch, tmp_path):
+    """Up to the variables its own import of vLLM set or removed; any other difference (the
+    user's own variable, set after it started) gets a launcher of its own."""
+    monkeypatch.setattr(launcher, "Launcher", FakeLauncher)
+    monkeypatch.setattr(launcher, "_LAUNCHERS", {})
+    early = ReadyLauncher({"A": "1", "GONE_BY_IMPORT": "x"}, tmp_path / "l.log", "engine")
+    monkeypatch.setitem(launcher._LAUNCHERS, launcher._key("engine", early.env), early)
+    asked = {"A": "1", "SET_BY_IMPORT": "1"}
+    assert launcher.launcher_for(asked, tmp_path, "engine") is early
+    # what its import set is not needed in the asking process (its own imports differ)
+    assert launcher.launcher_for({"A": "1"}, tmp_path, "engine") is early
+    # but another value of it is another environment
+    assert launcher.launcher_for({"A": "1", "SET_BY_IMPORT": "2"}, tmp_path, "engine") is not early
+    assert launcher.launcher_for(asked, tmp_path, "serve") is not early  # another kind
+    assert launcher.launcher_for({**asked, "USER_SET": "1"}, tmp_path, "engine") is not early
+
+
+@pytest.mark.engine
+def test_an_isolated_point_forks_from_the_prestarted_launcher(base_point, tmp_path, monkeypatch):
+    """The real thing: the notebook's early launcher serves its first isolated point (its log in
+    the notebook's logs folder, none in the sweep's), and no launcher is importing once the
+    sweep begins."""
+    from conftest import engine_processes
+
+    from tunebook.workbook import Workbook
+
+    monkeypatch.setattr(launcher, "_LAUNCHERS", {})
+    logs = tmp_path / "nb" / "logs"
+    assert launcher.prestart_for(base_point["env"], True, logs) == ["serve", "engine"]
+    wb = Workbook(
+        str(tmp_path),
+        "nb",
+        base_point["model"],
+        base_point["settings"],
+        base_point["env"],
+        progress=False,
+    )
+    df = wb.sweep("s", {"a": {}}, base_point["workload"], warmup_requests=1)
+    assert list(df["status"]) == ["ok"], df.get("error")
+    assert all(x.ready_s is not None for x in launcher._LAUNCHERS.values())
+    (res,) = wb.results("s")
+    assert res["env"]["process_start"] == "forked"
+    assert (tmp_path / "nb" / "logs" / "launcher-engine.log").is_file()
+    assert not (tmp_path / "nb" / "s" / "logs" / "launcher-engine.log").exists()
+    # the point found the prestarted engine launcher (registered under its own key too)
+    assert len({id(x) for x in launcher._LAUNCHERS.values()}) == 2
+    launcher.close_all()
+    assert engine_processes() == []

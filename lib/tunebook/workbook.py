@@ -97,6 +97,9 @@ class Workbook:
                 }
             )
 
+        from .launcher import wait_ready
+
+        wait_ready()  # a launcher started early (notebook.begin) is not importing beside a point
         return run_sweep(
             pts,
             self.sweep_dir(name),
