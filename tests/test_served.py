@@ -117,6 +117,67 @@ def test_search_shrinks_when_the_first_rate_fails_and_stops_at_the_cap():
     assert out == {"capacity_rps": 8, "first_failing_rps": None, "capped": True}
 
 
+@pytest.mark.parametrize("threshold", [3.0, 90.0, 181.0, 250.0, 700.0])
+def test_a_later_search_from_the_earlier_capacity_finds_the_same_in_fewer_rates(threshold):
+    """Under a monotone SLO, starting at an earlier start's capacity reaches the same capacity
+    (the same rates lattice) as growing from start_rps again, measuring no more rates."""
+    search = {"start_rps": 64, "bisect_steps": 1, "min_rps": 0.25, "max_rps": 4096}
+    first, tried = [], []
+    full = served.search_rates(lambda r: first.append(r) or r <= threshold, search)
+    cap = full["capacity_rps"]
+    pt = Point.from_dict(point("x-r1", config="x", repeat=1, search=search))
+    earlier = {
+        "status": "ok",
+        "config": "x",
+        "repeat": 0,
+        "workload": {**pt.workload, "n": 1},
+        "search": search,
+        "metrics": {"capacity_rps": cap},
+    }
+    anchored = served.anchor_search(pt, [earlier])
+    assert anchored.search == {**search, "start_rps": cap}
+    again = served.search_rates(lambda r: tried.append(r) or r <= threshold, anchored.search)
+    assert again["capacity_rps"] == pytest.approx(cap)
+    assert len(tried) <= len(first)
+
+
+def test_a_search_starts_near_earlier_starts_of_its_own_configuration_only():
+    search = {"start_rps": 64, "bisect_steps": 1}
+    pt = Point.from_dict(point("x-r2", config="x", repeat=2, search=search))
+
+    def done(cap, **kw):
+        return {
+            "status": "ok",
+            "config": "x",
+            "repeat": 0,
+            "workload": dict(pt.workload),
+            "search": {**search, "start_rps": 7},
+            "metrics": {"capacity_rps": cap},
+            **kw,
+        }
+
+    def start(earlier):
+        return served.anchor_search(pt, earlier).search["start_rps"]
+
+    assert start([done(128.0), done(362.0, repeat=1)]) == 128.0  # lower median: a lattice rate
+    assert start([done(90.0), done(128.0, repeat=1), done(512.0, repeat=1)]) == 128.0
+    for other in (
+        {"config": "y"},
+        {"repeat": 2},
+        {"status": "failed"},
+        {"metrics": {"capacity_rps": None}},
+        {"workload": {**pt.workload, "output_len": 99}},
+        {"search": {**search, "growth": 3.0}},
+    ):
+        assert start([done(128.0, **other)]) == 64  # not an earlier start of this search
+    off = Point.from_dict(
+        point("x-r2", config="x", repeat=2, search={**search, "start_near_earlier": False})
+    )
+    assert served.anchor_search(off, [done(128.0)]) is off
+    first = Point.from_dict(point("x-r0", config="x", repeat=0, search=search))
+    assert served.anchor_search(first, [done(128.0)]) is first
+
+
 def test_rate_workload_has_fresh_prompts_and_enough_requests():
     search = {**served.SEARCH_DEFAULTS, "duration_s": 2, "min_requests": 5}
     spec = {"kind": "fixed", "prompt_len": 8, "output_len": 2, "seed": 3}
@@ -703,3 +764,36 @@ def test_router_spreads_requests_over_replicas(two_replicas):
     chat = {"model": "tunebook", "messages": [{"role": "user", "content": "你好"}], "max_tokens": 3}
     st, body, _ = http("POST", dep.url + "/v1/chat/completions", chat)
     assert st == 200 and body["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_a_served_sweep_starts_later_searches_at_the_earlier_capacity(monkeypatch, tmp_path):
+    """The sweep hands r1 the capacity r0 found (r0 written first, interleaved order), and each
+    result records the search it ran. The engine is a stand-in: this is the sweep's logic."""
+    from tunebook import engine
+    from tunebook.points import Result
+    from tunebook.sweep import make_points, run_sweep
+
+    ran = []
+
+    def fake_run_point(p, **kw):
+        ran.append((p.point_id, p.search["start_rps"]))
+        r = Result.skeleton(p)
+        r.status, r.metrics = "ok", {"capacity_rps": 90.5 if p.repeat == 0 else 128.0}
+        return r.to_dict()
+
+    monkeypatch.setattr(engine, "run_point", fake_run_point)
+    search = {"start_rps": 64, "bisect_steps": 1}
+    pts = make_points(point("unused", search=search), {"a": {}, "b": {}}, 3)
+    df = run_sweep(pts, tmp_path / "sw", progress=False, live=False)
+    assert list(df["status"]) == ["ok"] * 6
+    assert ran == [
+        ("a-r0", 64),
+        ("b-r0", 64),
+        ("a-r1", 90.5),
+        ("b-r1", 90.5),
+        ("a-r2", 90.5),
+        ("b-r2", 90.5),
+    ]
+    from tunebook.results import SweepDir
+
+    assert SweepDir(tmp_path / "sw").read("a-r1")["search"]["start_rps"] == 90.5

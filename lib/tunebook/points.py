@@ -158,6 +158,7 @@ class Result:
     sampling: dict = field(default_factory=dict)
     workload: dict = field(default_factory=dict)
     serve: dict | None = None
+    search: dict | None = None  # served: the capacity search as run (its start_rps included)
     status: str = "failed"
     error: str | None = None
     traceback: str | None = None
@@ -190,6 +191,7 @@ class Result:
             sampling=sampling_kwargs(point.sampling),
             workload={**point.workload, **(workload_summary or {})},
             serve=dict(point.serve) or None,
+            search=dict(point.search) if point.search is not None else None,
         )
 
     @classmethod

@@ -18,6 +18,7 @@ tunebook's second, declared boundary to vLLM besides ``tunebook.adapter``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata as md
 import json
 import math
@@ -85,6 +86,10 @@ SEARCH_DEFAULTS = {
     # are not sent (those in flight are cancelled). The verdict is the same; an overloaded rate
     # no longer runs its whole queue out. False: every rate runs to the end.
     "stop_early": True,
+    # A later start of a configuration begins where an earlier start of it found the capacity
+    # (same rates lattice, growth and bisection: the same answer under a monotone SLO, 2-3 rates
+    # fewer than growing from start_rps again). False: every start searches from start_rps.
+    "start_near_earlier": True,
 }
 # Prometheus series summed over replicas (counters: change over a run; gauges: peak).
 COUNTERS = {
@@ -802,6 +807,34 @@ def search_rates(measure, search: dict) -> dict:
         else:
             bad = mid
     return {"capacity_rps": good, "first_failing_rps": bad, "capped": False}
+
+
+def anchor_search(point: Point, earlier: list[dict]) -> Point:
+    """``point`` with its capacity search starting at the capacity an earlier start of its
+    configuration found (``start_near_earlier``): ``earlier`` are the sweep's finished points;
+    those of the same configuration, workload and search (its start aside), of a lower repeat,
+    count. The lower median of their capacities, so the rates stay on the first search's
+    lattice. Unchanged where none applies."""
+    s = point.search
+    if s is None or not point.repeat or not {**SEARCH_DEFAULTS, **s}["start_near_earlier"]:
+        return point
+
+    def rest(search: dict | None) -> dict:
+        return {k: v for k, v in (search or {}).items() if k != "start_rps"}
+
+    caps = sorted(
+        float(r["metrics"]["capacity_rps"])
+        for r in earlier
+        if r.get("status") == "ok"
+        and r.get("config") == point.config
+        and (r.get("repeat") or 0) < point.repeat
+        and {k: (r.get("workload") or {}).get(k) for k in point.workload} == point.workload
+        and rest(r.get("search")) == rest(s)
+        and (r.get("metrics") or {}).get("capacity_rps")
+    )
+    if not caps:
+        return point
+    return dataclasses.replace(point, search={**s, "start_rps": caps[(len(caps) - 1) // 2]})
 
 
 PER_RATE_KEYS = (

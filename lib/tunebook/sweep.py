@@ -226,6 +226,11 @@ def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
         panel = LivePanel(desc, total=len(todo))
     try:
         for group in start_groups(todo, isolate):
+            if any(p.search is not None and p.repeat for p in group):
+                from .served import anchor_search
+
+                earlier = sweep.points()
+                group = [anchor_search(p, earlier) for p in group]
             p = group[0]
             phase("between", p.point_id)
             log_path = logs / f"{p.point_id}.log"
