@@ -325,33 +325,47 @@ def test_an_early_launcher_serves_the_environment_its_imports_made(monkeypatch, 
 
 
 @pytest.mark.engine
-def test_an_isolated_point_forks_from_the_prestarted_launcher(base_point, tmp_path, monkeypatch):
-    """The real thing: the notebook's early launcher serves its first isolated point (its log in
-    the notebook's logs folder, none in the sweep's), and no launcher is importing once the
-    sweep begins."""
+def test_an_isolated_point_forks_from_the_launcher_its_notebook_started_early(
+    base_point, tmp_path, monkeypatch
+):
+    """The real flow: the notebook's first cell (begin) starts its launchers before its checks
+    import vLLM; the first isolated point forks from the early engine launcher (its log in the
+    notebook's logs folder, none in the sweep's), and none is importing once the sweep begins."""
     from conftest import engine_processes
+    from test_bad_inputs import _ns
 
+    import tunebook.notebook as tbn
+    from tunebook import console
     from tunebook.workbook import Workbook
 
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "1")
     monkeypatch.setattr(launcher, "_LAUNCHERS", {})
-    logs = tmp_path / "nb" / "logs"
-    assert launcher.prestart_for(base_point["env"], True, logs) == ["serve", "engine"]
-    wb = Workbook(
-        str(tmp_path),
-        "nb",
-        base_point["model"],
-        base_point["settings"],
-        base_point["env"],
-        progress=False,
+    nb = "02_block_size_sweep"
+    ns = _ns(
+        {
+            "run_dir": str(tmp_path),
+            "model": base_point["model"],
+            "engine_settings": base_point["settings"],
+            "engine_env": base_point["env"],
+            "isolate": True,
+        }
     )
-    df = wb.sweep("s", {"a": {}}, base_point["workload"], warmup_requests=1)
+    try:
+        run_dir = tbn.begin(ns, nb)
+        assert {x.kind for x in launcher._LAUNCHERS.values()} == {"serve", "engine"}
+        wb = Workbook(
+            run_dir, nb, ns["model"], ns["engine_settings"], ns["engine_env"], progress=False
+        )
+        df = wb.sweep("s", {"a": {}}, base_point["workload"], warmup_requests=1)
+    finally:
+        console.release_engine_log()
     assert list(df["status"]) == ["ok"], df.get("error")
     assert all(x.ready_s is not None for x in launcher._LAUNCHERS.values())
     (res,) = wb.results("s")
     assert res["env"]["process_start"] == "forked"
-    assert (tmp_path / "nb" / "logs" / "launcher-engine.log").is_file()
-    assert not (tmp_path / "nb" / "s" / "logs" / "launcher-engine.log").exists()
-    # the point found the prestarted engine launcher (registered under its own key too)
+    assert (tmp_path / nb / "logs" / "launcher-engine.log").is_file()
+    assert not (tmp_path / nb / "s" / "logs" / "launcher-engine.log").exists()
+    # the point found the early engine launcher (registered under its own key too)
     assert len({id(x) for x in launcher._LAUNCHERS.values()}) == 2
     launcher.close_all()
     assert engine_processes() == []

@@ -39,17 +39,18 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
     run_dir = profiles.run_folder(ns.get("run_dir", ""))
     nb_dir = Path(run_dir) / notebook
     made = next((d for d in (*reversed(nb_dir.parents), nb_dir) if not d.exists()), None)
-    early: list[str] = []
-    if launcher.wants_prestart():
-        # The launchers' imports of vLLM (tunebook.launcher) run while the checks import it here.
-        env = ns.get("engine_env") if isinstance(ns.get("engine_env"), dict) else {}
-        early = launcher.prestart_for(env, bool(ns.get("isolate", True)), nb_dir / "logs")
     tmp = None
     if capture:
         # Before the checks below import vLLM, so that what it prints on import is kept too.
         fd, tmp = tempfile.mkstemp(prefix=f"tunebook-{notebook}-", suffix=".log")
         os.close(fd)
         console.capture_engine_log(tmp)
+    early: list[str] = []
+    if launcher.wants_prestart():
+        # The launchers' imports of vLLM (tunebook.launcher) run while the checks import it
+        # here; after the capture, which sets a variable every engine process inherits.
+        env = ns.get("engine_env") if isinstance(ns.get("engine_env"), dict) else {}
+        early = launcher.prestart_for(env, bool(ns.get("isolate", True)), nb_dir / "logs")
     try:
         profiles.check_values(
             notebook,

@@ -57,7 +57,7 @@ DEPLOYMENT_KEYS = {
     " (VLLM_WORKER_MULTIPROC_METHOD=fork); 'spawn': `vllm serve`'s own default, a fresh"
     " interpreter that imports vLLM again",
 }
-LAUNCHERS = ("fork", "spawn")
+FORK_OR_SPAWN = ("fork", "spawn")  # the values of serve.launcher and serve.engine_core
 # The gauge sampler's period: each sample is a render of METRICS_SUBSET in the API server, the
 # process that bounds a small model's serving (0.6-0.8 ms of its CPU on the H200 node, against
 # 4-6 ms for the whole page; benchmarks/served_overhead.py measures both).
@@ -215,10 +215,10 @@ def check_deployment(point: Point) -> None:
             source=src,
         )
     how = serve.get("launcher", "fork")
-    if how not in LAUNCHERS:
+    if how not in FORK_OR_SPAWN:
         raise ConfigError(f"launcher={how!r}: use 'fork' or 'spawn'", key="launcher", source=src)
     how = serve.get("engine_core", "fork")
-    if how not in LAUNCHERS:
+    if how not in FORK_OR_SPAWN:
         raise ConfigError(
             f"engine_core={how!r}: use 'fork' or 'spawn'", key="engine_core", source=src
         )
