@@ -19,12 +19,19 @@ REAL_LAUNCHER = launcher.Launcher
 
 class FakeLauncher:
     early = False
+    ready_s = 1.0
 
     def __init__(self, env, log, kind="serve"):
         self.env, self.log, self.kind = env, log, kind
+        self._children: dict = {}
+        self.used = time.monotonic()
+        self.closed = False
 
     def alive(self) -> bool:
-        return True
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def test_one_launcher_per_environment(monkeypatch, tmp_path):
@@ -369,3 +376,21 @@ def test_an_isolated_point_forks_from_the_launcher_its_notebook_started_early(
     assert len({id(x) for x in launcher._LAUNCHERS.values()}) == 2
     launcher.close_all()
     assert engine_processes() == []
+
+
+def test_a_process_keeps_a_few_launchers_and_closes_the_least_recently_used_idle_one(
+    monkeypatch, tmp_path
+):
+    """Each launcher holds vLLM's imports: past MAX_LAUNCHERS the oldest without a child goes
+    (a test session would otherwise keep one per test environment); one with a server stays."""
+    monkeypatch.setattr(launcher, "Launcher", FakeLauncher)
+    monkeypatch.setattr(launcher, "_LAUNCHERS", {})
+    monkeypatch.setattr(launcher, "MAX_LAUNCHERS", 2)
+    a = launcher.launcher_for({"A": "1"}, tmp_path)
+    a._children = {123: object()}  # serving
+    b = launcher.launcher_for({"B": "1"}, tmp_path)
+    c = launcher.launcher_for({"C": "1"}, tmp_path)
+    assert b.closed and not a.closed and not c.closed
+    assert launcher.launcher_for({"B": "1"}, tmp_path) is not b  # asked again: a new one
+    assert not a.closed  # still serving; c, idle and older, went instead
+    assert c.closed and len(launcher._LAUNCHERS) == 2

@@ -66,6 +66,10 @@ FAIL_ENV = "TUNEBOOK_LAUNCHER_TEST_FAIL"
 # What a forked child is called (its process name, 15 characters at most).
 CHILD_NAMES = {"serve": "vllm-serve", "engine": "tunebook-engine"}
 READY_TIMEOUT_S = 600.0  # the first import on a cold node's file cache
+# Launchers one process keeps: each holds vLLM's imports (about 0.5 GB on two CPU cores); a
+# notebook uses two or three, a test session one per test environment. Beyond this many, the
+# least recently used without a child is closed (it starts again if it is asked for again).
+MAX_LAUNCHERS = 6
 
 
 # --------------------------------------------------------------------------- the sweep's side
@@ -135,6 +139,7 @@ class Launcher:
         self._cond = threading.Condition()
         self._closed = False
         self._abandoned = 0  # launches given up before their answer came
+        self.used = time.monotonic()  # its last launch (or its start): the eviction order
         self._lock = threading.Lock()  # one launch at a time: replies come in request order
         threading.Thread(target=self._read, name="tunebook-launcher", daemon=True).start()
 
@@ -181,6 +186,7 @@ class Launcher:
         req = {"argv": list(argv), "log": str(log), "cwd": str(cwd or os.getcwd())}
         if module:
             req["module"] = module
+        self.used = time.monotonic()
         with self._lock:
             assert self.proc.stdin is not None
             try:
@@ -333,7 +339,28 @@ def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") 
                 name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
                 launcher = Launcher(env, Path(log_dir) / name, kind)
             _LAUNCHERS[key] = launcher
+            _evict(launcher)
         return launcher
+
+
+def _evict(keep: Launcher) -> None:
+    """Close the least recently used launchers that have no child and are not importing, down
+    to MAX_LAUNCHERS (dead ones go too). Called with the registry lock held."""
+    distinct = {id(x): x for x in _LAUNCHERS.values()}
+    gone = [x for x in distinct.values() if x is not keep and not x.alive()]
+    idle = sorted(
+        (
+            x
+            for x in distinct.values()
+            if x is not keep and x.alive() and x.ready_s is not None and not x._children
+        ),
+        key=lambda x: x.used,
+    )
+    gone += idle[: max(0, len(distinct) - len(gone) - MAX_LAUNCHERS)]
+    for x in gone:
+        x.close()
+        for k in [k for k, v in _LAUNCHERS.items() if v is x]:
+            del _LAUNCHERS[k]
 
 
 def _early_match(kind: str, env: dict[str, str]) -> Launcher | None:
@@ -377,6 +404,7 @@ def prestart(kind: str, env: dict[str, str], log_dir: str | Path) -> Launcher | 
             name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
             launcher = Launcher(env, Path(log_dir) / name, kind, early=True)
         _LAUNCHERS[key] = launcher
+        _evict(launcher)
         return launcher
 
 
