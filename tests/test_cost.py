@@ -210,8 +210,10 @@ def test_starts_are_grouped_by_how_they_started(tmp_path):
     secs = {"engine_start": 10.0, "warmup": 1.0, "measure": 4.0, "teardown": 1.0, "process": 0.0}
     served = {"server_start": "forked", "engine_core": "forked", "replicas": 1}
     sd = SweepDir(tmp_path / "00_baseline" / "s")
-    sd.write("a", _point("a", secs, 16.0, mode="served", env=served))
-    sd.write("b", _point("b", {**secs, "engine_start": 20.0}, 26.0, mode="served", env=served))
+    # b's launch waited for its launcher's imports; a's did not (ms: a ready launcher)
+    waited = {**served, "launcher_wait_s": 9.5}
+    sd.write("a", _point("a", secs, 16.0, mode="served", env={**served, "launcher_wait_s": 0.01}))
+    sd.write("b", _point("b", {**secs, "engine_start": 20.0}, 26.0, mode="served", env=waited))
     # reused a's server: not a start
     sd.write("c", _point("c", {**secs, "engine_start": 0.0}, 5.0, mode="served", env=served))
     sd.write("d", _point("d", secs, 16.0, mode="served", env=served, shared_start="a"))
@@ -227,6 +229,9 @@ def test_starts_are_grouped_by_how_they_started(tmp_path):
     assert r["starts"] == 2 and r["median_s"] == pytest.approx(16.0)  # (11 + 21) / 2
     assert (r["min_s"], r["max_s"], r["total_s"]) == pytest.approx((11.0, 21.0, 32.0))
     assert rows["in-process (forked point process)"]["total_s"] == pytest.approx(14.0)
-    assert "2 start(s), median 16.0 [11.0-21.0]" in cost.starts_table(cost.starts(tmp_path))
+    assert (r["launcher_waits"], r["launcher_wait_s"]) == (1, pytest.approx(9.5))
+    assert rows["in-process (forked point process)"]["launcher_waits"] == 0
+    printed = cost.starts_table(cost.starts(tmp_path))
+    assert "2 start(s), median 16.0 [11.0-21.0], 32 in all; 1 of them waited 10 s" in printed
     only = cost.starts(tmp_path, "01_kv_cache_sizing")
     assert [r["kind"] for r in only] == ["in-process (forked point process)"]

@@ -369,7 +369,7 @@ def test_an_isolated_point_forks_from_the_launcher_its_notebook_started_early(
     assert list(df["status"]) == ["ok"], df.get("error")
     assert all(x.ready_s is not None for x in launcher._LAUNCHERS.values())
     (res,) = wb.results("s")
-    assert res["env"]["process_start"] == "forked"
+    assert res["env"]["process_start"] == "forked" and res["env"]["launcher_wait_s"] >= 0
     assert (tmp_path / nb / "logs" / "launcher-engine.log").is_file()
     assert not (tmp_path / nb / "s" / "logs" / "launcher-engine.log").exists()
     # the point found the early engine launcher (registered under its own key too)

@@ -587,6 +587,7 @@ def test_capacity_search_on_one_engine_start(tmp_path):
         assert res["capacity"]["engine_kv_tokens"] == 65536  # 32 MiB / 512 B per token
         assert res["env"]["server"] == "vllm serve" and res["env"]["replicas"] == 1
         assert res["env"]["server_start"] == "forked"  # from the session's launcher
+        assert res["env"]["launcher_wait_s"] >= 0  # how long its launch waited for the imports
         assert (tmp_path / "logs" / "cap" / "replica0.log").is_file()
     finally:
         assert wait_gone() == []

@@ -174,12 +174,18 @@ def start_kind(p: dict) -> str:
     return f"in-process ({how} point process)" if how else "in-process (in the kernel)"
 
 
+# A launch that waited this long waited for its launcher's imports (a ready one answers in
+# milliseconds).
+LAUNCHER_WAIT_S = 1.0
+
+
 def starts(run_dir: str | Path, notebook: str | None = None) -> list[dict]:
     """Every engine start of a run (or of one notebook), grouped by how it started: count and
     seconds (start plus stop, process start included). A point that reused another's start
     (``shared_start``) and a point that failed before its engine was up are not starts."""
     run_dir = Path(run_dir)
     groups: dict[str, list[float]] = {}
+    waits: dict[str, list[float]] = {}
     folders = sorted(x for x in run_dir.iterdir() if x.is_dir()) if run_dir.is_dir() else []
     for d in [x for x in folders if notebook in (None, x.name)]:
         for p in point_files(d):
@@ -188,6 +194,9 @@ def starts(run_dir: str | Path, notebook: str | None = None) -> list[dict]:
                 continue
             s = sum(float(secs.get(k) or 0.0) for k in ("engine_start", "process", "teardown"))
             groups.setdefault(start_kind(p), []).append(s)
+            wait = float((p.get("env") or {}).get("launcher_wait_s") or 0.0)
+            if wait >= LAUNCHER_WAIT_S:
+                waits.setdefault(start_kind(p), []).append(wait)
     rows = []
     for kind, xs in sorted(groups.items()):
         rows.append(
@@ -198,6 +207,8 @@ def starts(run_dir: str | Path, notebook: str | None = None) -> list[dict]:
                 "min_s": min(xs),
                 "max_s": max(xs),
                 "total_s": sum(xs),
+                "launcher_waits": len(waits.get(kind, [])),
+                "launcher_wait_s": sum(waits.get(kind, [])),
             }
         )
     return rows
@@ -208,9 +219,15 @@ def starts_table(rows: list[dict]) -> str:
         return "engine starts: none recorded with per-phase seconds"
     lines = ["engine starts (start + stop, seconds):"]
     for r in rows:
+        waited = (
+            f"; {r['launcher_waits']} of them waited {r['launcher_wait_s']:.0f} s for their"
+            " launcher's imports"
+            if r.get("launcher_waits")
+            else ""
+        )
         lines.append(
             f"  {r['kind']}: {r['starts']} start(s), median {r['median_s']:.1f}"
-            f" [{r['min_s']:.1f}-{r['max_s']:.1f}], {r['total_s']:.0f} in all"
+            f" [{r['min_s']:.1f}-{r['max_s']:.1f}], {r['total_s']:.0f} in all{waited}"
         )
     return "\n".join(lines)
 

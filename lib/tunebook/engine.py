@@ -294,6 +294,8 @@ def run_point(
         facts = parse_log(log_text)
         env_fp = result.setdefault("env", {})
         env_fp["process_start"] = process_start
+        if process_start == "forked":
+            env_fp["launcher_wait_s"] = round(getattr(proc, "waited_s", 0.0), 3)
         if fork_failure:
             env_fp["fork_failure"] = fork_failure
         if facts.get("attention_backend") and not env_fp.get("attention_backend"):

@@ -84,6 +84,9 @@ class LaunchedProcess:
         self.pid = pid
         self.args = argv
         self.returncode: int | None = None
+        # Seconds its launch waited for the launcher's answer: the launcher's own imports when it
+        # was not ready yet (tunebook.cost counts them: a launcher started early hides them).
+        self.waited_s = 0.0
         self._done = threading.Event()
 
     def _exited(self, code: int) -> None:
@@ -186,7 +189,7 @@ class Launcher:
         req = {"argv": list(argv), "log": str(log), "cwd": str(cwd or os.getcwd())}
         if module:
             req["module"] = module
-        self.used = time.monotonic()
+        self.used = t0 = time.monotonic()
         with self._lock:
             assert self.proc.stdin is not None
             try:
@@ -213,6 +216,7 @@ class Launcher:
                 if "error" in msg:
                     raise LauncherError(f"the vllm serve launcher could not fork: {msg['error']}")
                 child = LaunchedProcess(int(msg["pid"]), [module or "vllm", *argv])
+                child.waited_s = time.monotonic() - t0
                 if child.pid in self._early_exits:
                     child._exited(self._early_exits.pop(child.pid))
                 else:
@@ -336,11 +340,14 @@ def launcher_for(env: dict[str, str], log_dir: str | Path, kind: str = "serve") 
         if launcher is None or not launcher.alive():
             launcher = _early_match(kind, env)
             if launcher is None:
-                name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
-                launcher = Launcher(env, Path(log_dir) / name, kind)
+                launcher = Launcher(env, _log(log_dir, kind), kind)
             _LAUNCHERS[key] = launcher
             _evict(launcher)
         return launcher
+
+
+def _log(log_dir: str | Path, kind: str) -> Path:
+    return Path(log_dir) / ("launcher.log" if kind == "serve" else f"launcher-{kind}.log")
 
 
 def _evict(keep: Launcher) -> None:
@@ -401,8 +408,7 @@ def prestart(kind: str, env: dict[str, str], log_dir: str | Path) -> Launcher | 
                 None,
             )
         if launcher is None:
-            name = "launcher.log" if kind == "serve" else f"launcher-{kind}.log"
-            launcher = Launcher(env, Path(log_dir) / name, kind, early=True)
+            launcher = Launcher(env, _log(log_dir, kind), kind, early=True)
         _LAUNCHERS[key] = launcher
         _evict(launcher)
         return launcher

@@ -597,6 +597,11 @@ class Deployment:
             "serve": self.point.serve,
             "server": "vllm serve",
             "server_start": self.server_start,
+            **(
+                {"launcher_wait_s": round(max(waits), 3)}
+                if (waits := [p.waited_s for p in self.procs if hasattr(p, "waited_s")])
+                else {}
+            ),
             "engine_core": self.engine_core(kind),
             **({"fork_failure": self.fork_failure} if self.fork_failure else {}),
             "replicas": self.replicas,
