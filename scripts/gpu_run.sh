@@ -19,6 +19,11 @@ rid=$1; budget=$2; shift 2
 out=${OUT:-.}
 start=$(date +%s)
 mkdir -p "runs/$rid"
+# Each call gets a fresh copy of the checkout: the tracked files of a run folder committed earlier
+# (run.json, run.log, notebooks) come back as committed and would hide what an earlier call on
+# this node wrote. The node keeps its own copy of the folder outside the checkout; restore it.
+keep=${TMPDIR:-/tmp}/tunebook-keep
+if [[ -d $keep/$rid ]]; then cp -a "$keep/$rid/." "runs/$rid/"; fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem --format=csv \
   >> "runs/$rid/nvidia-smi.csv" 2>&1 || true
@@ -76,6 +81,7 @@ for step in "$@"; do
          --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -20 ;;
   esac
 done
+mkdir -p "$keep" && rm -rf "${keep:?}/$rid" && cp -a "runs/$rid" "$keep/"
 tar czf "$out/run.tgz" -C runs "$rid"
 # Files that come back from a node may be size-capped: split a large archive (cat run.tgz.* to join).
 if (( $(stat -c %s "$out/run.tgz") > 15000000 )); then
