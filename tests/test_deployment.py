@@ -82,6 +82,24 @@ def test_a_client_that_fell_behind_makes_the_capacity_a_lower_bound(tmp_path):
     assert d["status"] == "changed" and "a lower bound" in d["reason"]
 
 
+def test_a_best_measured_without_enough_starts_does_not_hide_one_that_beats_the_default(tmp_path):
+    # As on an H100 (runs/h100-20261205-p): 4 replicas served most, but two of their three
+    # starts failed; stream_interval=16 beat the default over three starts each.
+    write_capacity(
+        tmp_path,
+        {
+            "default": ({}, {}, [181, 181, 181]),
+            "replicas=4": ({}, {"replicas": 4}, [724]),
+            "si16": ({"stream_interval": 16}, {}, [362, 362, 362]),
+        },
+    )
+    d = deployment.choose_deployment(tmp_path)
+    assert d["status"] == "changed" and d["config"] == "si16" and d["replicas"] == 1
+    assert d["settings"] == {"stream_interval": 16} and d["vs_default"] == pytest.approx(2.0)
+    assert "replicas=4 measured more (4.00x) but not beyond the noise" in d["reason"]
+    assert [r["config"] for r in d["ranking"]] == ["replicas=4", "si16", "default"]
+
+
 def test_no_capacity_evidence_is_none(tmp_path):
     assert deployment.choose_deployment(tmp_path) is None
 

@@ -1,8 +1,8 @@
 """Assembly's deployment choice from served capacity, and the files of an N-replica deployment.
 
 Notebook 04 measures configurations served as users are served (``vllm serve``, replicas behind
-vllm-router) by their capacity under the SLO. ``choose_deployment`` takes the best of them only
-if it beats vLLM's default beyond the noise (``metrics.compare``); otherwise the default stays.
+vllm-router) by their capacity under the SLO. ``choose_deployment`` takes the best of those that
+beat vLLM's default beyond the noise (``metrics.compare``); where none does, the default stays.
 
 ``deployment_files`` writes what a user runs: one ``vllm serve --config`` file per replica (its
 KV share and its share of ``gpu_memory_utilization``), and ``start.sh``, which starts every
@@ -93,8 +93,17 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
                 }
             )
         ranking.sort(key=lambda r: -(r["capacity_median"] or 0))
-        best = ranking[0]
-        winner = best["config"] != reference and best["beyond_noise"] and best["vs_default"] > 1
+        # The highest capacity that beats the default beyond the noise. The highest measured may
+        # not: a configuration with failed starts has too few left to rank (n=1 ranks nothing),
+        # and that must not hide a second one that does beat the default.
+        top = ranking[0]
+        beating = [
+            r
+            for r in ranking
+            if r["config"] != reference and r["beyond_noise"] and r["vs_default"] > 1
+        ]
+        winner = bool(beating)
+        best = beating[0] if winner else top
         pick = by[best["config"]] if winner else ref
         serve = {
             k: v
@@ -109,6 +118,11 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
                 f" SLO ({best['capacity_median']:.3g} vs {r0['capacity_median']:.3g} req/s;"
                 f" {best['noise']})" + (lb if best["lower_bound"] else "")
             )
+            if top is not best:
+                reason += (
+                    f"; {top['config']} measured more ({top['vs_default']:.2f}x) but not"
+                    f" beyond the noise ({top['noise']})"
+                )
             status = "changed"
         else:
             reason = (
