@@ -133,3 +133,12 @@ def write_sweep(folder: Path, points: list[dict]):
         sd.write(pid, {"point_id": pid, "status": "ok", "error": None, **p})
     sd.write_summary()
     return sd
+
+
+@pytest.fixture(autouse=True)
+def _fresh_base_env(monkeypatch):
+    """A test that runs a notebook's first cell (begin) fixes the environment engine processes
+    start from for its process: not for the tests after it, which set variables of their own."""
+    from tunebook import isolation
+
+    monkeypatch.setattr(isolation, "_BASE_ENV", None)

@@ -178,7 +178,9 @@ def _measure(eng: Engine, point: Point, wl: Workload, result: Result) -> None:
 # --------------------------------------------------------------------------- one point
 def child_env(point_env: dict) -> dict[str, str]:
     """The environment of an isolated point's process (and of the launcher that forks it)."""
-    env = {**os.environ, **{k: str(v) for k, v in point_env.items()}}
+    from .isolation import base_env
+
+    env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
     # for the notebook's own output must not reach the engine unless the point asks for it.

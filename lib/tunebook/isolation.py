@@ -23,6 +23,26 @@ from .interrupt import PARENT_ENV
 WATCH_ENV = "TUNEBOOK_WATCH_PID"
 
 
+# The environment engine processes start from (``base_env``): a notebook's, as its first cell
+# found it (``set_base_env``), before the kernel imported vLLM or ran an engine of its own,
+# which set variables a `vllm serve` started from a shell would not have (LD_LIBRARY_PATH from
+# an OpenCV import, VLLM_DIST_IDENT, LD_PRELOAD on CPU ...). None: the process's own.
+_BASE_ENV: dict[str, str] | None = None
+
+
+def set_base_env(env: dict[str, str]) -> None:
+    """Fix the environment engine processes start from, once per process (a notebook run again
+    in its kernel keeps the first one: by then the kernel's imports have changed its own)."""
+    global _BASE_ENV
+    if _BASE_ENV is None:
+        _BASE_ENV = dict(env)
+
+
+def base_env() -> dict[str, str]:
+    """What an engine process's environment starts from: ``set_base_env``'s, else this one's."""
+    return dict(_BASE_ENV if _BASE_ENV is not None else os.environ)
+
+
 def spawn(cmd: list[str], log, env: dict | None = None, **popen) -> subprocess.Popen:
     """Start ``cmd`` in its own session (its own process group), output to ``log``.
 
@@ -100,6 +120,25 @@ def wait_or_kill(proc: subprocess.Popen, timeout_s: float | None) -> tuple[int |
         return None, True
     finally:
         kill_group(proc)
+
+
+# Where the kernel counts this machine's (container's) OOM kills: cgroup v2, then v1.
+OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills(paths: tuple[str, ...] = OOM_COUNTERS) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this cgroup (None: not known).
+    A SIGKILL leaves nothing in the killed process's own log; this counter says whose it was."""
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
 
 
 def watch_parent(parent_pid: int, tmp_dir: Path | None = None, interval_s: float = 0.5) -> None:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import console, cost, launcher, profiles
+from . import console, cost, isolation, launcher, profiles
 
 # Set by the runner for each notebook call: the wall clock at the call's start (epoch seconds).
 CALL_START_ENV = "TUNEBOOK_CALL_START"
@@ -45,6 +45,9 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
         fd, tmp = tempfile.mkstemp(prefix=f"tunebook-{notebook}-", suffix=".log")
         os.close(fd)
         console.capture_engine_log(tmp)
+    # Engine processes start from the environment as it is now, before this kernel imports vLLM
+    # (the checks below) or runs an engine itself: as a `vllm serve` from a shell would.
+    isolation.set_base_env(dict(os.environ))
     early: list[str] = []
     if launcher.wants_prestart():
         # The launchers' imports of vLLM (tunebook.launcher) run while the checks import it
