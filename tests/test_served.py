@@ -670,7 +670,7 @@ def test_a_replica_that_dies_mid_run_fails_the_point_and_nothing_is_left(tmp_pat
     finally:
         served.Deployment.start = orig
     assert killed and res["status"] == "failed"
-    assert "replica 1 died during the run" in res["error"], res["error"]
+    assert "replica 1 died during the run (killed by SIGKILL; 1 of 2" in res["error"], res["error"]
     assert wait_gone() == []
 
 
@@ -798,3 +798,33 @@ def test_a_served_sweep_starts_later_searches_at_the_earlier_capacity(monkeypatc
     from tunebook.results import SweepDir
 
     assert SweepDir(tmp_path / "sw").read("a-r1")["search"]["start_rps"] == 90.5
+
+
+def test_a_dead_servers_log_tail_skips_access_lines_and_names_the_signal():
+    log = "\n".join(
+        [
+            "(APIServer pid=1) INFO 12-05 21:30:04 [loggers.py:310] Engine 000: Running: 994 reqs",
+            *[
+                f'(APIServer pid=1) INFO:     127.0.0.1:{50000 + i} - "POST /v1/completions'
+                f' HTTP/1.1" 200 OK'
+                for i in range(40)
+            ],
+            '(APIServer pid=1) INFO:     127.0.0.1:1 - "GET /metrics/?name%5B%5D=x HTTP/1.1" 200 OK',
+        ]
+    )
+    assert served._tail(log) == log.splitlines()[0]
+    assert served.exit_status(-9) == "killed by SIGKILL"
+    assert served.exit_status(1) == "exit code 1"
+    assert served.exit_status(None) == "still running"
+
+
+def test_the_oom_killers_count_is_read_from_cgroup_v2_or_v1(tmp_path):
+    from tunebook.isolation import oom_kills
+
+    v2 = tmp_path / "memory.events"
+    v2.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert oom_kills((str(tmp_path / "absent"), str(v2), str(v1))) == 2
+    assert oom_kills((str(v1),)) == 5
+    assert oom_kills((str(tmp_path / "absent"),)) is None

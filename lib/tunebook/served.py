@@ -23,7 +23,9 @@ import importlib.metadata as md
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .interrupt import phase
-from .isolation import kill_group, spawn
+from .isolation import base_env, kill_group, oom_kills, spawn
 from .loadgen import ClientRequest, LoadGenerator
 from .metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
 from .model import GIB, load_shape
@@ -295,7 +297,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 # --------------------------------------------------------------------------- the deployment
 def server_env(point_env: dict, serve: dict, replicas: int = 1) -> dict[str, str]:
     """The environment of a point's `vllm serve` (and of the launcher that forks it)."""
-    env = {**os.environ, **{k: str(v) for k, v in point_env.items()}}
+    env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
     # `vllm serve` spawns its engine core unless told otherwise: a fresh interpreter that
@@ -509,7 +511,7 @@ class Deployment:
             *self.router_argv(port, _free_port()),
         ]
         with open(log, "w") as f:
-            self.router = spawn(cmd, f, dict(os.environ))
+            self.router = spawn(cmd, f, base_env())
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.router.poll() is not None:
@@ -701,6 +703,7 @@ class Deployment:
         every = float(client.serve.get("metrics_interval_s", METRICS_INTERVAL_S))
         sampler = GaugeSampler(self.scrape, every, on_sample)
         before = self.scrape()
+        oom_before = oom_kills()
         sampler.start()
         t0 = time.perf_counter()
         try:
@@ -719,9 +722,17 @@ class Deployment:
             peaks = sampler.stop()
         dead = self.alive()
         if dead:
+            i = dead[0]
+            oom = oom_kills()
+            oom_said = (
+                f"; the kernel's OOM killer killed {oom - oom_before} process(es) here meanwhile"
+                if oom is not None and oom_before is not None and oom > oom_before
+                else ""
+            )
             raise RuntimeError(
-                f"replica {dead[0]} died during the run: "
-                f"{_tail(self.logs[dead[0]].read_text(errors='replace'))}"
+                f"replica {i} died during the run ({exit_status(self.procs[i].poll())};"
+                f" {len(dead)} of {len(self.procs)} replica(s) dead{oom_said}): "
+                f"{_tail(self.logs[i].read_text(errors='replace'))}"
             )
         if not record:
             return {}
@@ -1054,7 +1065,27 @@ def _free_port() -> int:
 
 
 def _tail(text: str, n: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-n:])
+    """The last ``n`` lines of a server's log that are not access-log lines: under load those
+    bury whatever the server said last (it may have said nothing: see ``exit_status``)."""
+    lines = [x for x in text.strip().splitlines() if not _ACCESS_LINE.search(x)]
+    return "\n".join(lines[-n:])
+
+
+# uvicorn's access log: `127.0.0.1:50664 - "POST /v1/completions HTTP/1.1" 200 OK`
+_ACCESS_LINE = re.compile(r'\d - "(GET|POST|PUT|DELETE|HEAD) [^"]*" \d{3}')
+
+
+def exit_status(code: int | None) -> str:
+    """A process's exit code in words: a signal by name (Popen's negative codes), since a
+    SIGKILL leaves nothing in the process's own log (the kernel's OOM killer sends one)."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _dist_version(name: str) -> str | None:
