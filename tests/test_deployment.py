@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import write_sweep
 
@@ -98,6 +100,31 @@ def test_a_best_measured_without_enough_starts_does_not_hide_one_that_beats_the_
     assert d["settings"] == {"stream_interval": 16} and d["vs_default"] == pytest.approx(2.0)
     assert "replicas=4 measured more (4.00x) but not beyond the noise" in d["reason"]
     assert [r["config"] for r in d["ranking"]] == ["replicas=4", "si16", "default"]
+    assert [r["failed_starts"] for r in d["ranking"]] == [0, 0, 0]
+
+
+def test_failed_starts_are_counted_and_said(tmp_path):
+    write_capacity(
+        tmp_path,
+        {"default": ({}, {}, [181, 181, 181]), "replicas=4": ({}, {"replicas": 4}, [724])},
+    )
+    folder = tmp_path / "04_engine_overhead" / "capacity"
+    for r in (1, 2):
+        (folder / f"replicas=4-r{r}.json").write_text(
+            json.dumps(
+                {
+                    "point_id": f"replicas=4-r{r}",
+                    "config": "replicas=4",
+                    "repeat": r,
+                    "status": "failed",
+                    "error": "RuntimeError: replica 0 died during the run (killed by SIGKILL)",
+                }
+            )
+        )
+    d = deployment.choose_deployment(tmp_path)
+    assert d["status"] == "kept: within noise"
+    assert "2 of its 3 starts failed" in d["reason"], d["reason"]
+    assert d["ranking"][0]["failed_starts"] == 2
 
 
 def test_no_capacity_evidence_is_none(tmp_path):

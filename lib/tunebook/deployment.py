@@ -36,8 +36,10 @@ def capacity_sweeps(run_dir: str | Path) -> list[Path]:
 
 def _capacities(points: list[dict]) -> dict[str, dict]:
     by: dict[str, dict] = {}
+    failed: dict[str, int] = {}
     for p in points:
         if p.get("status") != "ok":
+            failed[str(p.get("config"))] = failed.get(str(p.get("config")), 0) + 1
             continue
         m = p.get("metrics") or {}
         cfg = str(p.get("config"))
@@ -51,7 +53,20 @@ def _capacities(points: list[dict]) -> dict[str, dict]:
             e["lower_bound"] = True
         e.setdefault("slo", m.get("slo"))
         e.setdefault("workload", (p.get("workload") or {}).get("name"))
+    for cfg, e in by.items():
+        e["failed"] = failed.get(cfg, 0)
     return by
+
+
+def _failed(row: dict) -> str:
+    """What a ranking row's failed starts leave unsaid: fewer starts than asked, and why."""
+    n = row.get("failed_starts") or 0
+    if not n:
+        return ""
+    return (
+        f"; {n} of its {n + row['capacity_n']} starts failed (their points hold the error):"
+        " rerun it before trusting or dismissing it"
+    )
 
 
 def _client_limited(point: dict) -> bool:
@@ -90,6 +105,7 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
                     "noise": c["noise"] if cfg != reference else "(reference)",
                     "beyond_noise": cfg != reference and not c["within_noise"],
                     "lower_bound": e["lower_bound"],
+                    "failed_starts": e["failed"],
                 }
             )
         ranking.sort(key=lambda r: -(r["capacity_median"] or 0))
@@ -121,14 +137,14 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
             if top is not best:
                 reason += (
                     f"; {top['config']} measured more ({top['vs_default']:.2f}x) but not"
-                    f" beyond the noise ({top['noise']})"
+                    f" beyond the noise ({top['noise']}){_failed(top)}"
                 )
             status = "changed"
         else:
             reason = (
                 f"no configuration beats the default's capacity ({r0['capacity_median']:.3g} req/s)"
                 f" beyond the noise; best measured: {best['config']} at {best['vs_default']:.2f}x"
-                f" ({best['noise']})"
+                f" ({best['noise']}){_failed(best)}"
             )
             status = (
                 "kept: within noise" if best["config"] != reference else "kept: default is best"
