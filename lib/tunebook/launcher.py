@@ -61,7 +61,8 @@ PRELOAD = {
         "vllm.v1.engine.async_llm",
     ),
 }
-# Tests: a forked child fails at once, as a fork that breaks vLLM would (a spawned one is unaffected).
+# Tests: a forked child fails at once ("1"), as a fork that breaks vLLM would (a spawned one is
+# unaffected), or crashes in native code ("segv", "abort").
 FAIL_ENV = "TUNEBOOK_LAUNCHER_TEST_FAIL"
 # What a forked child is called (its process name, 15 characters at most).
 CHILD_NAMES = {"serve": "vllm-serve", "engine": "tunebook-engine"}
@@ -505,6 +506,15 @@ def _child(req: dict, launcher_pid: int) -> int:
     if os.environ.get(FAIL_ENV) == "1":  # tests: a fork that breaks what it starts
         print("RuntimeError: this forked process fails on purpose (test hook)", flush=True)
         return 1
+    if os.environ.get(FAIL_ENV) == "segv":  # tests: a crash in native code
+        import faulthandler
+
+        faulthandler._sigsegv()
+    if os.environ.get(FAIL_ENV) == "abort":  # tests: a native library aborting
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the caller's folder
+        os.abort()
     # Its command line stays the launcher's (rewriting it would wipe /proc/<pid>/environ); its
     # name says what it is: `ps -o comm`, top, psutil's name().
     with contextlib.suppress(ImportError):

@@ -299,6 +299,9 @@ def server_env(point_env: dict, serve: dict, replicas: int = 1) -> dict[str, str
     """The environment of a point's `vllm serve` (and of the launcher that forks it)."""
     env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # A crash in native code (SIGSEGV, SIGABRT ...) then leaves every thread's Python stack in
+    # the log instead of nothing; processes forked from a launcher inherit its handler.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
     # `vllm serve` spawns its engine core unless told otherwise: a fresh interpreter that
     # imports vLLM again, 16-29 s of every start on an H100 or H200 node (README). The API server has not
