@@ -178,17 +178,9 @@ def _measure(eng: Engine, point: Point, wl: Workload, result: Result) -> None:
 # --------------------------------------------------------------------------- one point
 def child_env(point_env: dict) -> dict[str, str]:
     """The environment of an isolated point's process (and of the launcher that forks it)."""
-    from .isolation import base_env
+    from .isolation import process_env
 
-    env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # A crash in native code (SIGSEGV, SIGABRT ...) then leaves every thread's Python stack in
-    # the log instead of nothing; processes forked from a launcher inherit its handler.
-    env.setdefault("PYTHONFAULTHANDLER", "1")
-    # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
-    # for the notebook's own output must not reach the engine unless the point asks for it.
-    env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
-    return env
+    return process_env(point_env)
 
 
 def run_point(

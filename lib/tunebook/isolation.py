@@ -43,6 +43,20 @@ def base_env() -> dict[str, str]:
     return dict(_BASE_ENV if _BASE_ENV is not None else os.environ)
 
 
+def process_env(point_env: dict) -> dict[str, str]:
+    """The environment of an engine process (an isolated point, a `vllm serve`) and of the
+    launcher that forks it: ``base_env`` with the point's own variables."""
+    env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # A crash in native code (SIGSEGV, SIGABRT ...) then leaves every thread's Python stack in
+    # the log instead of nothing; processes forked from a launcher inherit its handler.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    # The attention backend and KV size are read from vLLM's INFO lines: a quieter level set
+    # for the notebook's own output must not reach the engine unless the point asks for it.
+    env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
+    return env
+
+
 def spawn(cmd: list[str], log, env: dict | None = None, **popen) -> subprocess.Popen:
     """Start ``cmd`` in its own session (its own process group), output to ``log``.
 

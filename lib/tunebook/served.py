@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .interrupt import phase
-from .isolation import base_env, kill_group, oom_kills, spawn
+from .isolation import base_env, kill_group, oom_kills, process_env, spawn
 from .loadgen import ClientRequest, LoadGenerator
 from .metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
 from .model import GIB, load_shape
@@ -297,12 +297,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 # --------------------------------------------------------------------------- the deployment
 def server_env(point_env: dict, serve: dict, replicas: int = 1) -> dict[str, str]:
     """The environment of a point's `vllm serve` (and of the launcher that forks it)."""
-    env = {**base_env(), **{k: str(v) for k, v in point_env.items()}}
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # A crash in native code (SIGSEGV, SIGABRT ...) then leaves every thread's Python stack in
-    # the log instead of nothing; processes forked from a launcher inherit its handler.
-    env.setdefault("PYTHONFAULTHANDLER", "1")
-    env["VLLM_LOGGING_LEVEL"] = str(point_env.get("VLLM_LOGGING_LEVEL", "INFO"))
+    env = process_env(point_env)
     # `vllm serve` spawns its engine core unless told otherwise: a fresh interpreter that
     # imports vLLM again, 16-29 s of every start on an H100 or H200 node (README). The API server has not
     # touched CUDA when it starts the core, so forking it is safe (what `LLM` does); a
