@@ -671,6 +671,9 @@ def test_a_replica_that_dies_mid_run_fails_the_point_and_nothing_is_left(tmp_pat
         served.Deployment.start = orig
     assert killed and res["status"] == "failed"
     assert "replica 1 died during the run (killed by SIGKILL; 1 of 2" in res["error"], res["error"]
+    # The whole group was killed, by hand here: nothing of it was left, and memory is said.
+    assert "nothing of its process group still ran; " in res["error"], res["error"]
+    assert " GiB" in res["error"] or "memory not known" in res["error"], res["error"]
     assert wait_gone() == []
 
 
@@ -828,3 +831,41 @@ def test_the_oom_killers_count_is_read_from_cgroup_v2_or_v1(tmp_path):
     assert oom_kills((str(tmp_path / "absent"), str(v2), str(v1))) == 2
     assert oom_kills((str(v1),)) == 5
     assert oom_kills((str(tmp_path / "absent"),)) is None
+
+
+def test_memory_is_read_from_cgroup_v2_or_v1_and_the_host(tmp_path):
+    from tunebook.isolation import memory_text
+
+    gib = 2**30
+    cur, peak, cap = (tmp_path / n for n in ("current", "peak", "max"))
+    cur.write_text(f"{3 * gib}\n")
+    peak.write_text(f"{100 * gib}\n")
+    cap.write_text(f"{120 * gib}\n")
+    info = tmp_path / "meminfo"
+    info.write_text(
+        "MemTotal:       131072000 kB\nMemAvailable:    65536000 kB\nHugePages_Total:       0\n"
+    )
+    v2 = {"v2": (str(cur), str(peak), str(cap))}
+    assert memory_text(v2, str(info)) == (
+        "cgroup 3.0 GiB in use, peak 100.0 GiB, limit 120.0 GiB; host 62.5 of 125.0 GiB available"
+    )
+    cap.write_text("max\n")  # v2 without a limit
+    assert memory_text(v2, str(info)).startswith("cgroup 3.0 GiB in use, peak 100.0 GiB, no limit;")
+    cap.write_text(f"{2**63 - 4096}\n")  # v1's "no limit"
+    assert "no limit" in memory_text(
+        {"v1": (str(cur), str(tmp_path / "absent"), str(cap))}, str(info)
+    )
+    absent = str(tmp_path / "absent")
+    assert memory_text({"v2": (absent, absent, absent)}, absent) == "memory not known"
+
+
+def test_a_dead_servers_context_says_its_launcher_and_group():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    proc.wait()
+    said = served.death_context(proc)
+    assert said.startswith("nothing of its process group still ran; "), said
+    proc.launcher_alive = lambda: False
+    assert served.death_context(proc).startswith("its launcher had exited; nothing of its"), said

@@ -155,6 +155,62 @@ def oom_kills(paths: tuple[str, ...] = OOM_COUNTERS) -> int | None:
     return None
 
 
+# What this machine (container) has in memory: cgroup v2, then v1; and the host's view.
+MEMORY_FILES = {
+    "v2": (
+        "/sys/fs/cgroup/memory.current",
+        "/sys/fs/cgroup/memory.peak",
+        "/sys/fs/cgroup/memory.max",
+    ),
+    "v1": (
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        "/sys/fs/cgroup/memory/memory.max_usage_in_bytes",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ),
+}
+MEMINFO = "/proc/meminfo"
+
+
+def _read_bytes(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def memory_text(files: dict = MEMORY_FILES, meminfo: str = MEMINFO) -> str:
+    """This container's memory in one line: the cgroup's use, peak (since it started) and limit,
+    and what the host has available. Beside a process that died of a SIGKILL, it says whether
+    memory was short (an OOM kill leaves nothing in the killed process's log)."""
+    gib = 2**30
+    parts = []
+    for current, peak, limit in files.values():
+        now, top, cap = _read_bytes(current), _read_bytes(peak), _read_bytes(limit)
+        if now is None:
+            continue
+        text = f"cgroup {now / gib:.1f} GiB in use"
+        if top is not None:
+            text += f", peak {top / gib:.1f} GiB"
+        # v1 reports "no limit" as a huge number
+        text += f", limit {cap / gib:.1f} GiB" if cap is not None and cap < 2**60 else ", no limit"
+        parts.append(text)
+        break
+    try:
+        info = dict(
+            (k, int(v.split()[0]))
+            for k, _, v in (x.partition(":") for x in Path(meminfo).read_text().splitlines())
+            if v.strip()
+        )
+        parts.append(
+            f"host {info['MemAvailable'] * 1024 / gib:.1f} of {info['MemTotal'] * 1024 / gib:.1f}"
+            " GiB available"
+        )
+    except (OSError, KeyError, ValueError):
+        pass
+    return "; ".join(parts) if parts else "memory not known"
+
+
 def watch_parent(parent_pid: int, tmp_dir: Path | None = None, interval_s: float = 0.5) -> None:
     """Kill this process's whole group once the parent is gone (see the module doc)."""
 

@@ -88,6 +88,9 @@ class LaunchedProcess:
         # Seconds its launch waited for the launcher's answer: the launcher's own imports when it
         # was not ready yet (tunebook.cost counts them: a launcher started early hides them).
         self.waited_s = 0.0
+        # Whether the launcher that forked it still runs: a server whose launcher exits kills its
+        # own session (it watches its parent), so its death says nothing of its own.
+        self.launcher_alive = lambda: True
         self._done = threading.Event()
 
     def _exited(self, code: int) -> None:
@@ -218,6 +221,7 @@ class Launcher:
                     raise LauncherError(f"the vllm serve launcher could not fork: {msg['error']}")
                 child = LaunchedProcess(int(msg["pid"]), [module or "vllm", *argv])
                 child.waited_s = time.monotonic() - t0
+                child.launcher_alive = self.alive
                 if child.pid in self._early_exits:
                     child._exited(self._early_exits.pop(child.pid))
                 else:

@@ -37,7 +37,15 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .interrupt import phase
-from .isolation import base_env, kill_group, oom_kills, process_env, spawn
+from .isolation import (
+    base_env,
+    group_alive,
+    kill_group,
+    memory_text,
+    oom_kills,
+    process_env,
+    spawn,
+)
 from .loadgen import ClientRequest, LoadGenerator
 from .metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
 from .model import GIB, load_shape
@@ -729,7 +737,8 @@ class Deployment:
             )
             raise RuntimeError(
                 f"replica {i} died during the run ({exit_status(self.procs[i].poll())};"
-                f" {len(dead)} of {len(self.procs)} replica(s) dead{oom_said}): "
+                f" {len(dead)} of {len(self.procs)} replica(s) dead{oom_said};"
+                f" {death_context(self.procs[i])}): "
                 f"{_tail(self.logs[i].read_text(errors='replace'))}"
             )
         if not record:
@@ -1071,6 +1080,24 @@ def _tail(text: str, n: int = 15) -> str:
 
 # uvicorn's access log: `127.0.0.1:50664 - "POST /v1/completions HTTP/1.1" 200 OK`
 _ACCESS_LINE = re.compile(r'\d - "(GET|POST|PUT|DELETE|HEAD) [^"]*" \d{3}')
+
+
+def death_context(proc) -> str:
+    """What was around a server that died, in words: whether its launcher still ran (a server
+    whose launcher exits kills its own session), whether anything of its process group (its
+    engine core) still ran when this was asked (a signal for the whole group leaves nothing; an
+    engine core also exits soon after its server), and memory."""
+    said = []
+    launcher_alive = getattr(proc, "launcher_alive", None)
+    if launcher_alive is not None:
+        said.append("its launcher still ran" if launcher_alive() else "its launcher had exited")
+    said.append(
+        "part of its process group (its engine core) still ran"
+        if group_alive(proc.pid)
+        else "nothing of its process group still ran"
+    )
+    said.append(memory_text())
+    return "; ".join(said)
 
 
 def exit_status(code: int | None) -> str:
