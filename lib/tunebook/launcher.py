@@ -490,8 +490,13 @@ def close_all() -> None:
 def _child(req: dict, launcher_pid: int) -> int:
     """In the forked child: become `vllm <argv>` and return its exit status."""
     os.setsid()  # its own session: kill_group(pid) stops it and the engine core it starts
-    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP, signal.SIGPIPE):
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    # As Python's own start-up leaves them, so as in `vllm serve` started from a shell: SIGPIPE
+    # ignored, so that writing to a client that has gone raises an error the server handles. With
+    # the default action, the first stream written after its client hung up killed the whole
+    # server without a word (04's servers under load on an H100, runs/h100-20261206).
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
