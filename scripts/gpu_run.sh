@@ -32,7 +32,10 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,cl
 for v in VLLM_CACHE_ROOT TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR; do
   export "$v=/tmp/starts-launcher/warm/${v,,}"
 done
-left() { echo $(( budget - ($(date +%s) - start) - 25 )); }
+# 25 s to pack, and 30 s for a notebook step stopped by its timeout: SIGTERM stops the runner,
+# which shuts papermill's kernel (and its servers) down and records the call in run.json; a
+# SIGKILL 5 s after it left both cut calls of 04 unrecorded on an H100 (runs/h100-20261206).
+left() { echo $(( budget - ($(date +%s) - start) - 55 )); }
 for step in "$@"; do
   l=$(left)
   if (( l < 30 )); then echo "[gpu_run] no time left for $step"; break; fi
@@ -77,7 +80,7 @@ for step in "$@"; do
              --out "runs/$rid/bench/start_cost_${step#starts-}.json" 2>&1 | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
              2>&1 | tail -20 ;;
-    *) timeout -k 5 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \
+    *) timeout -k 30 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \
          --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -20 ;;
   esac
 done
