@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from .interrupt import PARENT_ENV
+from .model import GIB
 
 # The process whose death a child must not outlive, where that is not the sweep (PARENT_ENV): a
 # child forked by tunebook.launcher watches the launcher, its parent.
@@ -183,7 +184,7 @@ def memory_text(files: dict = MEMORY_FILES, meminfo: str = MEMINFO) -> str:
     """This container's memory in one line: the cgroup's use, peak (since it started) and limit,
     and what the host has available. Beside a process that died of a SIGKILL, it says whether
     memory was short (an OOM kill leaves nothing in the killed process's log)."""
-    gib = 2**30
+    gib = GIB
     parts = []
     for current, peak, limit in files.values():
         now, top, cap = _read_bytes(current), _read_bytes(peak), _read_bytes(limit)
