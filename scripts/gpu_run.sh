@@ -39,6 +39,16 @@ left() { echo $(( budget - ($(date +%s) - start) - 55 )); }
 for step in "$@"; do
   l=$(left)
   if (( l < 30 )); then echo "[gpu_run] no time left for $step"; break; fi
+  # A notebook an earlier call finished is skipped: resuming it would still start a kernel (~15 s).
+  if [[ $step =~ ^[0-9][0-9]$ ]] && python3 - "runs/$rid/run.json" "$step" <<'PY'
+import json, sys
+try:
+    books = json.load(open(sys.argv[1]))["notebooks"]
+except (OSError, ValueError, KeyError):
+    sys.exit(1)
+sys.exit(0 if any(k.startswith(sys.argv[2] + "_") and v.get("status") == "ok" for k, v in books.items()) else 1)
+PY
+  then echo "[gpu_run] $step: finished by an earlier call, skipped"; continue; fi
   echo "[gpu_run] $step: ${l}s left"
   case $step in
     bench) timeout -k 5 "$l" python3 benchmarks/harness_overhead.py --profile h200 --starts 3 --repeats 3 \
