@@ -114,6 +114,29 @@ def test_stderr_filter_hides_known_harmless_lines_and_counts_them(tmp_path):
     assert "2 x numa" in console.hidden_text({"numa": 2})
 
 
+# What a kernel stopped mid-cell prints (seen on `timeout 70 python -m tunebook run ... 04`).
+KERNEL_TEARDOWN = [
+    "[IPKernelApp] ERROR | Exception in message handler:",
+    "Traceback (most recent call last):",
+    '  File "/x/ipykernel/kernelbase.py", line 508, in dispatch_shell',
+    "    await result",
+    '  File "zmq/backend/cython/_zmq.py", line 1339, in zmq.backend.cython._zmq._check_closed',
+    "zmq.error.ZMQError: Socket operation on non-socket",
+]
+
+
+def test_stderr_filter_hides_a_stopped_kernels_traceback_and_shows_any_other(tmp_path):
+    log = tmp_path / "run.log"
+    other = [*KERNEL_TEARDOWN[:5], "KeyError: 'msg_id'"]
+    cut_off = KERNEL_TEARDOWN[:3]  # the run ends inside the traceback
+    lines = [*KERNEL_TEARDOWN, "after", *other, *cut_off]
+    r = _filter_child(lines, log)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["after", *other, *cut_off]
+    assert json.loads(r.stdout) == {"kernel-teardown": 1}
+    assert log.read_text().splitlines() == lines
+
+
 def test_progress_text_counts_points_and_estimates_the_sweep():
     events = [
         {"t": 1, "event": "start", "sweep": "a", "points": 2, "done": 0},

@@ -53,8 +53,18 @@ HARMLESS: dict[str, tuple[str, str]] = {
         r"Enforce eager set|Inductor compilation was disabled",
         "the profile asks for eager mode (no compilation: seconds-long engine starts)",
     ),
+    # The last line of the traceback a kernel prints when it is stopped mid-cell (Ctrl-C, a
+    # timeout): the runner has closed its end, and the kernel's reply to the cell has nowhere to go.
+    "kernel-teardown": (
+        r"zmq\.error\.ZMQError: Socket operation on non-socket",
+        "a kernel stopped mid-cell could not send its last reply to the runner that stopped it",
+    ),
 }
 _HARMLESS_RE = {k: re.compile(p) for k, (p, _) in HARMLESS.items()}
+# A kernel's traceback opens with this line; it is held back until its last line says whether
+# the whole block is known to be harmless.
+_KERNEL_TRACEBACK = re.compile(r"\[IPKernelApp\] ERROR \| Exception in message handler")
+_HELD_LINES_MAX = 200
 # Continuation lines of a Python warning ("  if hasattr(value, ...)"): hidden with the warning.
 _CONTINUATION = re.compile(r"^\s{2,}\S")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -269,6 +279,7 @@ class StderrFilter:
         self._thread: threading.Thread | None = None
         self._saved = None
         self._last_hidden = False
+        self._held: list[str] | None = None  # a kernel traceback not yet shown
 
     def __enter__(self) -> StderrFilter:
         sys.stderr.flush()
@@ -286,26 +297,47 @@ class StderrFilter:
                 self._handle(line)
 
     def _handle(self, line: str) -> None:
-        key = harmless(line)
-        if key is None and self._last_hidden and _CONTINUATION.match(line):
-            key = "continuation"
-        self._last_hidden = key is not None
         try:
             self.log_file.write(line if line.endswith("\n") else line + "\n")
             self.log_file.flush()
         except ValueError:
             pass
+        if self._held is not None:
+            self._held.append(line)
+            # A traceback ends at its first unindented line after "Traceback ...": the exception.
+            body = line.strip() and not line[:1].isspace() and not line.startswith("Traceback")
+            if body or len(self._held) >= _HELD_LINES_MAX:
+                held, self._held = self._held, None
+                key = harmless(line) if body else None
+                if key is not None:
+                    self.hidden[key] += 1
+                else:
+                    self._show("".join(held))
+            return
+        if _KERNEL_TRACEBACK.search(line):
+            self._held = [line]
+            return
+        key = harmless(line)
+        if key is None and self._last_hidden and _CONTINUATION.match(line):
+            key = "continuation"
+        self._last_hidden = key is not None
         if key is not None:
             if key != "continuation":
                 self.hidden[key] += 1
             return
-        os.write(self._saved, line.encode(errors="replace"))
+        self._show(line)
+
+    def _show(self, text: str) -> None:
+        os.write(self._saved, text.encode(errors="replace"))
 
     def __exit__(self, *exc) -> None:
         sys.stderr.flush()
         os.dup2(self._saved, 2)  # closes the pipe's last write end: the pump sees EOF
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._held:  # a traceback cut off by the end of the run is shown as it is
+            self._show("".join(self._held))
+            self._held = None
         os.close(self._saved)
 
     def take_counts(self) -> dict[str, int]:
