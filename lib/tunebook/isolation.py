@@ -184,17 +184,16 @@ def memory_text(files: dict = MEMORY_FILES, meminfo: str = MEMINFO) -> str:
     """This container's memory in one line: the cgroup's use, peak (since it started) and limit,
     and what the host has available. Beside a process that died of a SIGKILL, it says whether
     memory was short (an OOM kill leaves nothing in the killed process's log)."""
-    gib = GIB
     parts = []
     for current, peak, limit in files.values():
         now, top, cap = _read_bytes(current), _read_bytes(peak), _read_bytes(limit)
         if now is None:
             continue
-        text = f"cgroup {now / gib:.1f} GiB in use"
+        text = f"cgroup {now / GIB:.1f} GiB in use"
         if top is not None:
-            text += f", peak {top / gib:.1f} GiB"
+            text += f", peak {top / GIB:.1f} GiB"
         # v1 reports "no limit" as a huge number
-        text += f", limit {cap / gib:.1f} GiB" if cap is not None and cap < 2**60 else ", no limit"
+        text += f", limit {cap / GIB:.1f} GiB" if cap is not None and cap < 2**60 else ", no limit"
         parts.append(text)
         break
     try:
@@ -204,7 +203,7 @@ def memory_text(files: dict = MEMORY_FILES, meminfo: str = MEMINFO) -> str:
             if v.strip()
         )
         parts.append(
-            f"host {info['MemAvailable'] * 1024 / gib:.1f} of {info['MemTotal'] * 1024 / gib:.1f}"
+            f"host {info['MemAvailable'] * 1024 / GIB:.1f} of {info['MemTotal'] * 1024 / GIB:.1f}"
             " GiB available"
         )
     except (OSError, KeyError, ValueError):
