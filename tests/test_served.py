@@ -868,4 +868,5 @@ def test_a_dead_servers_context_says_its_launcher_and_group():
     said = served.death_context(proc)
     assert said.startswith("nothing of its process group still ran; "), said
     proc.launcher_alive = lambda: False
-    assert served.death_context(proc).startswith("its launcher had exited; nothing of its"), said
+    said = served.death_context(proc)
+    assert said.startswith("its launcher had exited; nothing of its"), said
