@@ -193,3 +193,43 @@ def test_an_isolated_engine_started_under_the_engine_log_keeps_its_own_log(
     assert r["env"].get("attention_backend")
     assert "engine_kv_tokens" in r["capacity"]
     assert "Resolved architecture" in log.read_text() or "KV cache" in log.read_text()
+
+
+def test_after_a_stop_a_cells_dead_kernel_task_is_dropped_and_any_other_lost_exception_shown(
+    caplog,
+):
+    import asyncio
+    import gc
+
+    from nbclient.exceptions import DeadKernelError
+
+    from tunebook.console import _StoppedCellTask, hide_stopped_cell_task
+
+    async def fail(exc):
+        raise exc
+
+    def lose(exc):  # a task whose exception nobody retrieves, as papermill's cell after Ctrl-C
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(fail(exc))
+        loop.run_until_complete(asyncio.wait([task]))
+        loop.close()
+        del task
+        gc.collect()
+
+    log = logging.getLogger("asyncio")
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            lose(DeadKernelError("Kernel died"))
+            assert "never retrieved" in caplog.text, "asyncio reports it before the stop"
+            caplog.clear()
+            hide_stopped_cell_task()
+            hide_stopped_cell_task()  # a second stop adds nothing
+            lose(DeadKernelError("Kernel died"))
+            lose(KeyError("msg_id"))
+        said = [r.getMessage().splitlines()[0] for r in caplog.records]
+        assert said == ["Task exception was never retrieved"], said
+        assert "KeyError" in caplog.text and "DeadKernelError" not in caplog.text, caplog.text
+        assert sum(isinstance(f, _StoppedCellTask) for f in log.filters) == 1
+    finally:
+        for f in [f for f in log.filters if isinstance(f, _StoppedCellTask)]:
+            log.removeFilter(f)

@@ -347,6 +347,24 @@ class StderrFilter:
         return out
 
 
+class _StoppedCellTask(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return type(exc).__name__ != "DeadKernelError"
+
+
+def hide_stopped_cell_task() -> None:
+    """After a stop, drop asyncio's "Task exception was never retrieved ... DeadKernelError".
+
+    Ctrl-C or SIGTERM unwinds papermill while a cell runs and leaves the cell's task behind; the
+    kernel, stopped with the run, then fails it with DeadKernelError, which asyncio reports when
+    the task is collected, often at exit, after the stderr filter has gone. The runner has already
+    said the notebook was interrupted. Other never-retrieved exceptions are still shown."""
+    log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _StoppedCellTask) for f in log.filters):
+        log.addFilter(_StoppedCellTask())
+
+
 def hidden_text(counts: dict[str, int]) -> str:
     if not counts:
         return "no known-harmless warnings hidden"

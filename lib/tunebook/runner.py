@@ -207,7 +207,13 @@ def _run_notebooks(
 ) -> None:
     import papermill as pm
 
-    from .console import PROGRESS_FILE, ProgressLine, StderrFilter, hidden_text
+    from .console import (
+        PROGRESS_FILE,
+        ProgressLine,
+        StderrFilter,
+        hidden_text,
+        hide_stopped_cell_task,
+    )
     from .notebook import CALL_START_ENV
 
     pm_log = logging.getLogger("papermill")
@@ -244,6 +250,7 @@ def _run_notebooks(
                     # process group, and an isolated engine child kills its own group once its
                     # parent is gone.
                     call["status"] = "interrupted"
+                    hide_stopped_cell_task()
                     log(
                         f"[tunebook] {name}: interrupted; finished points are kept"
                         " (--resume continues)"
