@@ -150,18 +150,33 @@ def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypa
     prof = tmp_path / "p.yaml"
     prof.write_text("common: {}\n")
     runs = tmp_path / "runs"
+    import time
+
+    t0 = time.time()
     with pytest.raises(NotebookFailed, match="to be resumed"):
         run_workbook(str(prof), "r", ["00"], runs_dir=runs, report=False, log=lambda _: None)
+    t1 = time.time()
     run_dir = run_workbook(
         str(prof), "r", ["00"], runs_dir=runs, resume=True, report=False, log=lambda _: None
     )
+    t2 = time.time()
     state = json.loads((run_dir / "run.json").read_text())
     calls = state["notebooks"]["00_baseline"]["calls"]
     assert [c["status"] for c in calls] == ["failed", "ok"]
 
-    (r,) = cost.run_cost(run_dir)
+    r, runner = cost.run_cost(run_dir)
     wall = sum(c["seconds"] for c in calls)
     assert r["gpu_s"] == pytest.approx(wall)
+    # The runner's own record covers each whole call of run_workbook (its profile check, papermill
+    # around the kernel), and the notebook's calls are part of it: nothing is counted twice.
+    procs = state["runner"]
+    assert len(procs) == 2 and runner["notebook"] == cost.RUNNER_ROW and runner["calls"] == 2
+    for p, c, (a, b) in zip(procs, calls, [(t0, t1), (t1, t2)], strict=True):
+        assert p["notebook_s"] == pytest.approx(c["seconds"])
+        assert c["seconds"] < p["seconds"] <= b - a + 0.01
+        assert p["seconds"] > b - a - 1.0, "the record misses part of the call"
+    assert r["gpu_s"] + runner["gpu_s"] == pytest.approx(sum(p["seconds"] for p in procs))
+    assert cost.total([r, runner])["idle"] == pytest.approx(r["idle"] + runner["gpu_s"])
     assert r["points"] == 3 and r["estimated"] == []
     assert sum(r[c] for c in cost.CATEGORIES) == pytest.approx(wall, rel=1e-9)
 
@@ -204,6 +219,15 @@ def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypa
     assert "(MainProcess" not in printed and "The global random seed" not in printed
     log = (run_dir / "00_baseline" / "logs" / "engine.log").read_text()
     assert "The global random seed" in log
+
+
+def test_the_cli_counts_the_runner_from_its_process_start():
+    import time
+
+    from tunebook.__main__ import _process_start
+
+    began = _process_start()
+    assert began is not None and began < time.time() - 0.1  # this process began before the test
 
 
 def test_starts_are_grouped_by_how_they_started(tmp_path):

@@ -725,6 +725,10 @@ def test_ctrl_c_of_the_headless_runner_stops_it_and_records_the_notebook(
     assert time.monotonic() - t0 < 120  # stopped, did not wait for the cell's 300 s
     state = json.loads((run_dir / "r" / "run.json").read_text())
     assert state["notebooks"]["00_baseline"]["status"] == "interrupted"
+    # The stopped runner recorded its own seconds too, the interrupted call inside them.
+    (me,) = state["runner"]
+    assert me["notebook_s"] == pytest.approx(state["notebooks"]["00_baseline"]["seconds"])
+    assert me["notebook_s"] < me["seconds"] <= time.monotonic() - t0
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in kernels_before]
     gone, alive = psutil.wait_procs(left, timeout=30)
     assert not alive, [p.cmdline() for p in alive]

@@ -9,6 +9,16 @@ import sys
 from .errors import ConfigError, TunebookError
 
 
+def _process_start() -> float | None:
+    """When this process began (its interpreter start and imports hold the device too)."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil comes with vLLM; without it the runner counts from its own start
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tunebook", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -47,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume,
             runs_dir=args.runs_dir or RUNS_DIR,
             report=not args.no_report,
+            started=_process_start(),
         )
         print(f"[tunebook] run folder: {run_dir}")
         return 0

@@ -5,6 +5,8 @@ wall time, summed over every call of the runner (``run.json``: a resumed noteboo
 That time splits into the phases of its points (``seconds`` in every point file: engine start,
 including an isolated child's process start and the engine's teardown; warm-up; measurement)
 and idle: the wall time spent in none of them (kernel start, imports, arithmetic, charts, writing).
+The runner's own seconds outside the notebooks (its start-up, the profile check that imports
+vLLM, the report) are a row of their own, from ``run.json``'s ``runner`` record.
 
 Older run folders have points without ``seconds`` and a ``run.json`` holding the last call only;
 there the figures are estimated (engine start from ``engine_start_s``, measurement from the
@@ -158,7 +160,34 @@ def run_cost(run_dir: str | Path) -> list[dict]:
             names.append(d.name)
     order = {n: i for i, n in enumerate(NOTEBOOKS)}
     names.sort(key=lambda n: (order.get(n, len(order)), n))
-    return [notebook_cost(run_dir, n, state) for n in names]
+    rows = [notebook_cost(run_dir, n, state) for n in names]
+    runner = runner_cost(state)
+    return rows + [runner] if runner else rows
+
+
+RUNNER_ROW = "runner, outside notebooks"
+
+
+def runner_cost(state: dict) -> dict | None:
+    """The runner processes' own seconds outside the notebooks' calls (start-up, the profile
+    check, the report, shut-down after a stop), as a row whose time is all idle; None for runs
+    whose ``run.json`` predates the record."""
+    procs = [p for p in state.get("runner") or [] if p.get("seconds") is not None]
+    if not procs:
+        return None
+    outside = sum(max(float(p["seconds"]) - float(p.get("notebook_s") or 0.0), 0.0) for p in procs)
+    return {
+        "notebook": RUNNER_ROW,
+        "calls": len(procs),
+        "points": 0,
+        "failed_points": 0,
+        "gpu_s": outside,
+        **dict.fromkeys(("engine_start", "warmup", "measure"), 0.0),
+        "idle": outside,
+        "phases": dict.fromkeys(PHASES, 0.0),
+        "estimated": [],
+        "notes": [],
+    }
 
 
 def start_kind(p: dict) -> str:

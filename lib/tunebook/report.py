@@ -447,7 +447,9 @@ def gpu_time_html(rows: list[dict]) -> str:
         "<p>GPU-seconds are device-seconds: the wall time a notebook held the device, over every"
         " call of the runner (resumes included). Engine start includes the engine's process start"
         " and teardown; idle is the wall time inside no point's phases (kernel start, imports,"
-        " arithmetic, charts). The same table for any run folder: <code>python -m tunebook cost"
+        " arithmetic, charts). The runner's own seconds outside the notebooks (its start-up, the"
+        " profile check that imports vLLM, this report) are a row of their own. The same table"
+        " for any run folder: <code>python -m tunebook cost"
         " runs/&lt;run-id&gt;</code>.</p>"
         + _table(
             [

@@ -104,13 +104,17 @@ def run_workbook(
     runs_dir: str | Path = RUNS_DIR,
     report: bool = True,
     log=print,
+    started: float | None = None,
 ) -> Path:
     """Run notebooks in order; return the run folder. A notebook already executed is skipped on resume.
 
     Every parameter of every notebook is checked before the run folder is made, so a bad input
     leaves nothing behind. Each call of a notebook is recorded in ``run.json`` (its seconds and
-    status), and calls accumulate over resumes.
+    status), and calls accumulate over resumes. So is the runner itself (``runner``: its seconds
+    from ``started``, the epoch time it began, default now, and how many of them the notebooks
+    took): its imports, the profile check that imports vLLM, and the report hold the device too.
     """
+    started = time.time() if started is None else started
     profile = profile or detect_profile()
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
@@ -122,6 +126,15 @@ def run_workbook(
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     state.update(run_id=run_id, profile=str(prof["_path"]), python=sys.version.split()[0])
     state.setdefault("notebooks", {})
+    before = _calls_seconds(state)
+    me = {"started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds")}
+    state.setdefault("runner", []).append(me)
+
+    def record() -> None:
+        me["seconds"] = time.time() - started
+        me["notebook_s"] = _calls_seconds(state) - before
+        atomic_write_text(state_path, json.dumps(state, indent=2))
+
     with open(run_dir / RUN_LOG, "a") as run_log:
         tee = _tee(log, run_log)
         try:
@@ -129,11 +142,24 @@ def run_workbook(
                 _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log)
         except NotebookFailed:
             if report:  # what did run is worth reading: the report says which notebook stopped
+                record()  # the report shows this call's runner seconds so far
                 _report(run_dir, tee)
             raise
-        if report:
-            _report(run_dir, tee)
+        else:
+            if report:
+                record()
+                _report(run_dir, tee)
+        finally:
+            record()
     return run_dir
+
+
+def _calls_seconds(state: dict) -> float:
+    return sum(
+        float(c.get("seconds") or 0.0)
+        for entry in state.get("notebooks", {}).values()
+        for c in entry.get("calls") or []
+    )
 
 
 def _report(run_dir: Path, log) -> None:
