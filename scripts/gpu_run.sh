@@ -10,7 +10,7 @@
 #        spawned vs forked from tunebook's launcher), starts-launcher-fork (the same, engine core
 #        forked in both arms), starts-core (warm starts, every API server forked from the
 #        launcher, its engine core spawned vs forked),
-#        00 01 02 03 04 05 (notebooks, resumable).
+#        00 01 02 03 04 05 (notebooks, resumable; consecutive ones share one runner process).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
 # packed into $OUT/run.tgz (or ./run.tgz) whatever happened.
@@ -36,19 +36,78 @@ done
 # which shuts papermill's kernel (and its servers) down and records the call in run.json; a
 # SIGKILL 5 s after it left both cut calls of 04 unrecorded on an H100 (runs/h100-20261206).
 left() { echo $(( budget - ($(date +%s) - start) - 55 )); }
-for step in "$@"; do
-  l=$(left)
-  if (( l < 30 )); then echo "[gpu_run] no time left for $step"; break; fi
-  # A notebook an earlier call finished is skipped: resuming it would still start a kernel (~15 s).
-  if [[ $step =~ ^[0-9][0-9]$ ]] && python3 - "runs/$rid/run.json" "$step" <<'PY'
+profile=${GPU_RUN_PROFILE:-h200}  # another profile only to try this script off a GPU node
+
+# Notebooks of this run, in the order given, that no call has finished (run.json status ok).
+unfinished() {
+  python3 - "runs/$rid/run.json" "$@" <<'PY'
 import json, sys
 try:
     books = json.load(open(sys.argv[1]))["notebooks"]
 except (OSError, ValueError, KeyError):
-    sys.exit(1)
-sys.exit(0 if any(k.startswith(sys.argv[2] + "_") and v.get("status") == "ok" for k, v in books.items()) else 1)
+    books = {}
+done = {k.split("_")[0] for k, v in books.items() if v.get("status") == "ok"}
+print(" ".join(b for b in sys.argv[2:] if b not in done))
 PY
-  then echo "[gpu_run] $step: finished by an earlier call, skipped"; continue; fi
+}
+
+# How many calls run.json holds for each of the given notebooks ("00:2 01:0 ...").
+calls_of() {
+  python3 - "runs/$rid/run.json" "$@" <<'PY'
+import json, sys
+try:
+    books = json.load(open(sys.argv[1]))["notebooks"]
+except (OSError, ValueError, KeyError):
+    books = {}
+n = {k.split("_")[0]: len(v.get("calls") or [1]) for k, v in books.items()}
+print(" ".join(f"{b}:{n.get(b, 0)}" for b in sys.argv[2:]))
+PY
+}
+
+# Consecutive notebook steps run in one runner process: its start-up and the profile check that
+# imports vLLM (~25 s on a GPU node, runs/h100-20261206b) are paid once per call, not per notebook.
+# A notebook that fails is left out and the runner goes on with the rest, as separate steps did.
+run_notebooks() {
+  local todo; read -r -a todo <<< "$(unfinished "$@")"
+  for b in "$@"; do [[ " ${todo[*]} " == *" $b "* ]] || echo "[gpu_run] $b: finished by an earlier call, skipped"; done
+  while (( ${#todo[@]} )); do
+    local l; l=$(left)
+    if (( l < 30 )); then echo "[gpu_run] no time left for ${todo[*]}"; return 1; fi
+    echo "[gpu_run] ${todo[*]}: ${l}s left"
+    local args=() b; for b in "${todo[@]}"; do args+=(--notebook "$b"); done
+    local before; before=$(calls_of "${todo[@]}")
+    timeout -k 30 "$l" python3 -m tunebook run --profile "$profile" --run-id "$rid" "${args[@]}" \
+      --resume --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -40
+    local rc=${PIPESTATUS[0]}
+    if (( rc == 0 )); then return 0; fi
+    if (( rc == 124 || rc == 137 )); then return 1; fi  # out of time: a later call resumes
+    # Leave out what this call tried and did not finish (failed); go on with the rest.
+    local after; after=$(calls_of "${todo[@]}")
+    local rest=() i=0 tried=0 a=($before) z=($after)
+    for b in "${todo[@]}"; do
+      if [[ ${a[$i]} != "${z[$i]}" ]]; then tried=1; else rest+=("$b"); fi
+      i=$((i + 1))
+    done
+    if (( ! tried )); then echo "[gpu_run] the runner stopped before any notebook (rc $rc)"; return 1; fi
+    read -r -a todo <<< "$(unfinished "${rest[@]}")"
+  done
+}
+
+steps=("$@")
+i=0
+while (( i < ${#steps[@]} )); do
+  step=${steps[$i]}
+  if [[ $step =~ ^[0-9][0-9]$ ]]; then
+    books=()
+    while (( i < ${#steps[@]} )) && [[ ${steps[$i]} =~ ^[0-9][0-9]$ ]]; do
+      books+=("${steps[$i]}"); i=$((i + 1))
+    done
+    run_notebooks "${books[@]}" || break
+    continue
+  fi
+  i=$((i + 1))
+  l=$(left)
+  if (( l < 30 )); then echo "[gpu_run] no time left for $step"; break; fi
   echo "[gpu_run] $step: ${l}s left"
   case $step in
     bench) timeout -k 5 "$l" python3 benchmarks/harness_overhead.py --profile h200 --starts 3 --repeats 3 \
@@ -90,8 +149,7 @@ PY
              --out "runs/$rid/bench/start_cost_${step#starts-}.json" 2>&1 | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
              2>&1 | tail -20 ;;
-    *) timeout -k 30 "$l" python3 -m tunebook run --profile h200 --run-id "$rid" --notebook "$step" --resume \
-         --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -20 ;;
+    *) echo "[gpu_run] $step: no such step" ;;
   esac
 done
 mkdir -p "$keep" && rm -rf "${keep:?}/$rid" && cp -a "runs/$rid" "$keep/"
