@@ -2,13 +2,15 @@
 
     python scripts/scrub_paths.py runs/<run-id> [--prefix /abs/checkout/] [--home /root/]
 
-Rewrites text files (.ipynb, .json, .csv, .log, .md) in place. The nbval goldens get the same
-treatment from make_goldens.py (only in outputs nbval does not compare).
+Rewrites text files (.ipynb, .json, .csv, .log, .md ...) in place, gzipped ones too (a run's large
+logs and request records are kept as .gz). The nbval goldens get the same treatment from
+make_goldens.py (only in outputs nbval does not compare).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 from pathlib import Path
 
@@ -34,12 +36,16 @@ def main() -> None:
     n = 0
     for folder in args.folders:
         for p in Path(folder).rglob("*"):
-            if p.is_file() and p.suffix in SUFFIXES:
-                old = p.read_text(errors="replace")
-                new = scrub_text(old, prefixes, args.home)
-                if new != old:
-                    p.write_text(new)
-                    n += 1
+            zipped = p.suffix == ".gz"
+            if not p.is_file() or Path(p.stem if zipped else p.name).suffix not in SUFFIXES:
+                continue
+            raw = gzip.decompress(p.read_bytes()) if zipped else p.read_bytes()
+            old = raw.decode(errors="replace")
+            new = scrub_text(old, prefixes, args.home)
+            if new != old:
+                data = new.encode()
+                p.write_bytes(gzip.compress(data, mtime=0) if zipped else data)
+                n += 1
     print(f"scrubbed {n} files")
 
 

@@ -6,7 +6,7 @@ evidence: choice.json beside this file
 """
 
 kwargs = {
-    'model': '/work/main/models/ernie-4.5-0.3b-pt',
+    'model': 'models/ernie-4.5-0.3b-pt',
     'load_format': 'dummy',
 }
 

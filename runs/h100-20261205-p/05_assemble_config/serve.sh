@@ -8,6 +8,6 @@
 # runs the vllm command on PATH (tunebook's install: .venv/bin)
 # flags given to this script are added: bash serve.sh --port 8001
 set -euo pipefail
-exec vllm serve /work/main/models/ernie-4.5-0.3b-pt \
+exec vllm serve models/ernie-4.5-0.3b-pt \
   --load-format dummy \
   --served-model-name ernie-4.5-0.3b-pt "$@"
