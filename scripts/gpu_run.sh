@@ -38,30 +38,27 @@ done
 left() { echo $(( budget - ($(date +%s) - start) - 55 )); }
 profile=${GPU_RUN_PROFILE:-h200}  # another profile only to try this script off a GPU node
 
-# Notebooks of this run, in the order given, that no call has finished (run.json status ok).
-unfinished() {
+# Each given notebook as "<nb>:<status>:<calls>" from run.json ("00:ok:2 01:-:0 ...").
+books() {
   python3 - "runs/$rid/run.json" "$@" <<'PY'
 import json, sys
 try:
     books = json.load(open(sys.argv[1]))["notebooks"]
 except (OSError, ValueError, KeyError):
     books = {}
-done = {k.split("_")[0] for k, v in books.items() if v.get("status") == "ok"}
-print(" ".join(b for b in sys.argv[2:] if b not in done))
+seen = {k.split("_")[0]: v for k, v in books.items()}
+print(" ".join(
+    f"{b}:{seen[b].get('status', '-')}:{len(seen[b].get('calls') or [1])}" if b in seen else f"{b}:-:0"
+    for b in sys.argv[2:]
+))
 PY
 }
 
-# How many calls run.json holds for each of the given notebooks ("00:2 01:0 ...").
-calls_of() {
-  python3 - "runs/$rid/run.json" "$@" <<'PY'
-import json, sys
-try:
-    books = json.load(open(sys.argv[1]))["notebooks"]
-except (OSError, ValueError, KeyError):
-    books = {}
-n = {k.split("_")[0]: len(v.get("calls") or [1]) for k, v in books.items()}
-print(" ".join(f"{b}:{n.get(b, 0)}" for b in sys.argv[2:]))
-PY
+# The given notebooks that no call has finished (status ok), in order.
+unfinished() {
+  local s out=()
+  for s in $(books "$@"); do [[ $s == *:ok:* ]] || out+=("${s%%:*}"); done
+  echo "${out[*]}"
 }
 
 # Consecutive notebook steps run in one runner process: its start-up and the profile check that
@@ -75,14 +72,14 @@ run_notebooks() {
     if (( l < 30 )); then echo "[gpu_run] no time left for ${todo[*]}"; return 1; fi
     echo "[gpu_run] ${todo[*]}: ${l}s left"
     local args=() b; for b in "${todo[@]}"; do args+=(--notebook "$b"); done
-    local before; before=$(calls_of "${todo[@]}")
+    local before; before=$(books "${todo[@]}")
     timeout -k 30 "$l" python3 -m tunebook run --profile "$profile" --run-id "$rid" "${args[@]}" \
       --resume --runs-dir runs --no-report 2>&1 | grep -E "^\[tunebook\]|Error|error" | tail -40
     local rc=${PIPESTATUS[0]}
     if (( rc == 0 )); then return 0; fi
     if (( rc == 124 || rc == 137 )); then return 1; fi  # out of time: a later call resumes
     # Leave out what this call tried and did not finish (failed); go on with the rest.
-    local after; after=$(calls_of "${todo[@]}")
+    local after; after=$(books "${todo[@]}")
     local rest=() i=0 tried=0 a=($before) z=($after)
     for b in "${todo[@]}"; do
       if [[ ${a[$i]} != "${z[$i]}" ]]; then tried=1; else rest+=("$b"); fi
