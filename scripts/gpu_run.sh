@@ -95,11 +95,11 @@ i=0
 while (( i < ${#steps[@]} )); do
   step=${steps[$i]}
   if [[ $step =~ ^[0-9][0-9]$ ]]; then
-    books=()
+    nbs=()
     while (( i < ${#steps[@]} )) && [[ ${steps[$i]} =~ ^[0-9][0-9]$ ]]; do
-      books+=("${steps[$i]}"); i=$((i + 1))
+      nbs+=("${steps[$i]}"); i=$((i + 1))
     done
-    run_notebooks "${books[@]}" || break
+    run_notebooks "${nbs[@]}" || break
     continue
   fi
   i=$((i + 1))

@@ -155,11 +155,8 @@ def run_workbook(
 
 
 def _calls_seconds(state: dict) -> float:
-    return sum(
-        float(c.get("seconds") or 0.0)
-        for entry in state.get("notebooks", {}).values()
-        for c in entry.get("calls") or []
-    )
+    # each entry's seconds are its calls' sum (_record_call), an older run.json's one call too
+    return sum(float(e.get("seconds") or 0.0) for e in state.get("notebooks", {}).values())
 
 
 def _report(run_dir: Path, log) -> None:
