@@ -1,5 +1,6 @@
 """The GPU-node scripts' own logic, off a GPU: which runner calls `scripts/gpu_run.sh` makes for
-its notebook steps, and `scripts/scrub_paths.py` on plain and gzipped files. The runner here is a
+its notebook steps, `scripts/gpu_detached.sh` running it across commands, and
+`scripts/scrub_paths.py` on plain and gzipped files. The runner here is a
 stand-in that only writes run.json; what the real one does is tested in test_cost and
 test_reliability."""
 
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Stands in for `python3 -m tunebook run`: logs its notebooks, records a call of each in run.json
 # (status from FAIL, a notebook number), and stops at a failure as the runner does.
 FAKE_RUNNER = r"""
-import json, os, sys
+import json, os, sys, time
 argv = sys.argv[1:]
 if argv[:3] != ["-m", "tunebook", "run"]:
     os.execv(os.environ["REAL_PY"], [os.environ["REAL_PY"], *argv])
@@ -25,6 +27,7 @@ books = [argv[i + 1] for i, a in enumerate(argv) if a == "--notebook"]
 rid = argv[argv.index("--run-id") + 1]
 with open(os.environ["CALLS"], "a") as f:
     f.write(" ".join(books) + "\n")
+time.sleep(float(os.environ.get("SLEEP") or 0))
 path = os.path.join("runs", rid, "run.json")
 state = json.load(open(path)) if os.path.exists(path) else {"notebooks": {}}
 for b in books:
@@ -43,10 +46,12 @@ for b in books:
 """
 
 
-def _gpu_run(tmp_path: Path, *steps: str, fail: str = "") -> tuple[list[list[str]], str]:
+def _node(tmp_path: Path, fail: str = "", sleep: float = 0.0) -> tuple[Path, dict, Path]:
+    """A checkout with the scripts, and the environment of a node whose runner is the stand-in."""
     work = tmp_path / "work"
     (work / "scripts").mkdir(parents=True, exist_ok=True)
-    (work / "scripts" / "gpu_run.sh").write_text((REPO / "scripts" / "gpu_run.sh").read_text())
+    for script in ("gpu_run.sh", "gpu_detached.sh"):
+        (work / "scripts" / script).write_text((REPO / "scripts" / script).read_text())
     shim = tmp_path / "bin"
     shim.mkdir(exist_ok=True)
     (shim / "python3").write_text(f"#!{sys.executable}\n{FAKE_RUNNER}")
@@ -54,16 +59,28 @@ def _gpu_run(tmp_path: Path, *steps: str, fail: str = "") -> tuple[list[list[str
     (shim / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")
     (shim / "nvidia-smi").chmod(0o755)
     calls = tmp_path / "calls.txt"
-    calls.write_text("")
+    if not calls.exists():
+        calls.write_text("")
     env = {
         **os.environ,
         "PATH": f"{shim}:{os.environ['PATH']}",
         "REAL_PY": sys.executable,
         "CALLS": str(calls),
         "FAIL": fail,
+        "SLEEP": str(sleep),
         "OUT": str(tmp_path),
         "TMPDIR": str(tmp_path),
     }
+    return work, env, calls
+
+
+def _calls(calls: Path) -> list[list[str]]:
+    return [line.split() for line in calls.read_text().splitlines()]
+
+
+def _gpu_run(tmp_path: Path, *steps: str, fail: str = "") -> tuple[list[list[str]], str]:
+    work, env, calls = _node(tmp_path, fail)
+    calls.write_text("")
     r = subprocess.run(
         ["bash", "scripts/gpu_run.sh", "rid", "600", *steps],
         cwd=work,
@@ -73,7 +90,7 @@ def _gpu_run(tmp_path: Path, *steps: str, fail: str = "") -> tuple[list[list[str
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    return [line.split() for line in calls.read_text().splitlines()], r.stdout
+    return _calls(calls), r.stdout
 
 
 def test_consecutive_notebooks_share_one_runner_and_a_failure_leaves_out_only_itself(tmp_path):
@@ -90,6 +107,27 @@ def test_consecutive_notebooks_share_one_runner_and_a_failure_leaves_out_only_it
     calls, out = _gpu_run(tmp_path, "00", "01", "02")
     assert calls == [["01"]], out
     assert "00: finished by an earlier call, skipped" in out
+
+
+def test_a_detached_run_goes_on_after_its_command_and_each_wait_brings_back_what_is_done(tmp_path):
+    work, env, calls = _node(tmp_path, sleep=2.0)
+    cmd = ["bash", "scripts/gpu_detached.sh"]
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [*cmd, *a], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
+    r = run("start", "rid", "0", "600", "00", "01")
+    assert r.returncode == 0 and "still running; snapshot packed" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "run.tgz").is_file()
+    assert run("start", "rid", "0", "600", "00").returncode == 1  # one run of an id at a time
+    r = run("wait", "rid", "30")
+    assert "rid finished" in r.stdout, r.stdout + r.stderr
+    assert _calls(calls) == [["00", "01"]]  # one runner, not cut between commands
+    with tarfile.open(tmp_path / "run.tgz") as tar:
+        state = json.load(tar.extractfile("rid/run.json"))
+    assert {k: v["status"] for k, v in state["notebooks"].items()} == {"00_nb": "ok", "01_nb": "ok"}
+    # It ran in its own copy of the checkout, which the next command's copy cannot change.
+    assert not (work / "runs").exists()
+    assert run("wait", "nope", "1").returncode == 1
 
 
 def test_scrub_paths_rewrites_plain_and_gzipped_files(tmp_path):
