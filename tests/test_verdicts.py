@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tunebook import baseline, blocksize, claims, kvcache, prefill, presets
+from tunebook import assemble, baseline, blocksize, claims, kvcache, prefill, presets
 from tunebook.assemble import validation_table
 from tunebook.model import ERNIE_03B, load_shape
 
@@ -605,6 +605,32 @@ def test_c11_changed_setting_and_no_validation():
     _is_verdict(v, "C11", "inconclusive")
     assert "chosen not validated" in v["figure"] and v["spread"] is None
     assert "no validation of the article's configuration in this run" in v["figure"]
+
+
+def test_c11_served_deployment_is_the_chosen_one_not_the_noise_floor():
+    # An H100 run (h100-20261206c): no engine setting of 00-03 changed, 04's 4 replicas won on
+    # capacity, and the served "chosen" was that deployment, 2.9x the default's goodput. The
+    # verdict called that "two runs of one configuration": the A/A wording is for "chosen" = default.
+    val = _validation(chosen=(290.0, 300.0, 310.0))
+    dep = {"status": "changed", "config": "replicas=4_stream_interval=16", "vs_default": 5.657}
+    v = presets.c11_verdict(_choice(), val, [], EV, 3, had_sweeps=True, deployment=dep)
+    assert v["figure"].startswith(
+        "high_concurrency_chat: 0 setting(s) changed from vLLM's defaults, served as"
+        " replicas=4_stream_interval=16 (5.66x the default's capacity under the SLO in 04);"
+        " chosen deployment replicas=4_stream_interval=16 (04's capacity ranking) at 2.86x the"
+        " default's goodput_rps (beyond noise);"
+    )
+    assert "noise floor" not in v["figure"]
+    # A deployment that kept the default is the A/A pair again.
+    kept = {**dep, "status": "kept: within noise"}
+    assert "noise floor" in presets.chosen_text(_choice(), val, "goodput_rps", kept)
+
+
+def test_config_header_names_the_deployment_when_only_it_changed():
+    served = {"status": "changed", "reason": "4 replicas serve 5.66x"}
+    head = assemble._header({"scenario": "s", "changed": {}, "served_choice": served})
+    assert "those defaults kept; the deployment's own reason follows" in head
+    assert "defaults kept\n" in assemble._header({"scenario": "s", "changed": {}})
 
 
 def test_aa_check_counts_metrics_beyond_noise():

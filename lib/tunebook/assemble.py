@@ -1064,7 +1064,13 @@ def _header(choice: dict, comment: str = "#") -> str:
         if d.get("changed"):
             lines.append(f"{d['setting']}={_fmt(d['value'])}: {_where(d)} ({d['status']})")
     if not choice.get("changed"):
-        lines.append("no measured setting beat vLLM's default beyond the noise: defaults kept")
+        served = choice.get("served_choice") or {}
+        lines.append(
+            "no engine setting measured alone (00-03) beat vLLM's default beyond the noise:"
+            " those defaults kept; the deployment's own reason follows"
+            if served.get("status") == "changed"
+            else "no measured setting beat vLLM's default beyond the noise: defaults kept"
+        )
     for k in choice.get("base_settings", {}):
         lines.append(f"{k}: from the profile's engine settings (platform), not tuned here")
     lines.append("evidence: choice.json beside this file")

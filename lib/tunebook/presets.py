@@ -60,12 +60,29 @@ def aa_check(validation) -> str:
     )
 
 
-def chosen_text(choice: dict, validation, objective: str | None) -> str:
-    """The chosen configuration against vLLM's default on the scenario's objective."""
+def _deployed(deployment: dict | None) -> bool:
+    """Whether the served validation's "chosen" is 04's deployment, not vLLM's default."""
+    return bool(deployment) and deployment.get("status") == "changed"
+
+
+def chosen_text(
+    choice: dict, validation, objective: str | None, deployment: dict | None = None
+) -> str:
+    """The chosen configuration against vLLM's default on the scenario's objective.
+
+    ``deployment`` is ``deployment.choose_deployment()``'s result when the validation was served:
+    then "chosen" is that deployment whenever it changed something (04's capacity ranking), even
+    with no engine setting of 00-03 changed.
+    """
     r = _row(validation, "chosen", objective)
     if r is None:
         return "chosen not validated"
     noise = "within noise" if r["within noise"] else "beyond noise"
+    if _deployed(deployment):
+        return (
+            f"chosen deployment {deployment['config']} (04's capacity ranking) at"
+            f" {r['ratio vs default']:.3g}x the default's {objective} ({noise})"
+        )
     if not choice["changed"]:
         return (
             f"chosen = vLLM's default, so two runs of one configuration differ by"
@@ -89,12 +106,14 @@ def c11_verdict(
     evidence: str,
     repeats: int,
     had_sweeps: bool,
+    deployment: dict | None = None,
 ) -> dict:
     """C11 (scenario presets) from 05's choice and validation.
 
     ``validation`` is validation_table() of the main scenario, ``others`` those of the other
     scenarios (each with a "scenario" column). partly when the run had sweeps to choose from
     (presets are worth having, but only from measurements); inconclusive when it had none.
+    ``deployment``: as in chosen_text(), when the validation was served.
     """
     from .claims import verdict
 
@@ -108,8 +127,14 @@ def c11_verdict(
     return verdict(
         "C11",
         "partly" if had_sweeps else "inconclusive",
-        f"{choice['scenario']}: {len(choice['changed'])} setting(s) changed from vLLM's defaults;"
-        f" {chosen_text(choice, validation, objective)};"
+        f"{choice['scenario']}: {len(choice['changed'])} setting(s) changed from vLLM's defaults"
+        + (
+            f", served as {deployment['config']} ({deployment['vs_default']:.2f}x the default's"
+            " capacity under the SLO in 04)"
+            if _deployed(deployment)
+            else ""
+        )
+        + f"; {chosen_text(choice, validation, objective, deployment)};"
         f" {article_text(validation, objective)}" + "".join(f"; {t}" for t in other_txt),
         evidence,
         spread=(
