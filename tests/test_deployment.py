@@ -72,6 +72,14 @@ def test_within_noise_or_two_starts_keeps_the_default(tmp_path):
     d = deployment.choose_deployment(tmp_path)
     assert d["status"] == "kept: within noise" and d["replicas"] == 1 and d["settings"] == {}
     assert "no configuration beats the default's capacity" in d["reason"]
+    assert "best measured: replicas=2 at" in d["reason"]
+    # The default measured highest: said plainly, not "default at 1.00x ((reference))".
+    write_capacity(
+        tmp_path, {"default": ({}, {}, [150, 160]), "replicas=2": ({}, {"replicas": 2}, [100, 130])}
+    )
+    d = deployment.choose_deployment(tmp_path)
+    assert d["status"] == "kept: default is best"
+    assert d["reason"].endswith("(155 req/s); the default measured highest"), d["reason"]
 
 
 def test_a_client_that_fell_behind_makes_the_capacity_a_lower_bound(tmp_path):

@@ -12,7 +12,7 @@ import os
 import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS, FP8_KV, FP8_KV_ID, HAS_FP8_KV, KV_BYTES, MIB
 
-from tunebook import engine
+from tunebook import adapter, engine
 from tunebook.model import load_shape
 from tunebook.results import SweepDir
 from tunebook.sweep import make_points, run_sweep
@@ -175,6 +175,7 @@ def test_fingerprint(sweep3, isolated_32):
     assert env["trust_remote_code"] is False
     assert env["load_format"] == "dummy" and env["enforce_eager"] is True
     assert env["engine_multiprocessing"] is False
+    assert env["cpu_model"] and env["cpu_model"] == adapter.cpu_model()  # host-bound: which host
     assert isolated_32["env"]["attention_backend"] == "CPU_ATTN"
     assert isolated_32["wall_s"] > 0 and isolated_32["log_file"].endswith("iso.log")
 

@@ -128,6 +128,19 @@ def sampler_name(sampling: dict) -> str:
 _SAMPLES = {**{f"{k}_total": k for k in COUNTERS}, **{g: g for g in GAUGES}}
 
 
+def cpu_model() -> str | None:
+    """The host processor's model name: a small model is host-bound, and two nodes with the same
+    GPU measured 2x apart on host-bound workloads (runs/h100-20261206b and -c)."""
+    import platform as pyplatform
+
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return pyplatform.processor() or None
+
+
 def metrics_snapshot() -> dict[str, float]:
     """Counters and gauges of the in-process engine, summed over label sets.
 
@@ -347,6 +360,7 @@ class Engine:
             "platform": dev,
             "host": pyplatform.node(),
             "cpu_count": os.cpu_count(),
+            "cpu_model": cpu_model(),
             "seed": self.kwargs.get("seed"),
             "sampler": sampler_name(self.point.sampling_kwargs()),
             "load_format": self.kwargs.get("load_format", "auto"),

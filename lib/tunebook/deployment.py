@@ -143,8 +143,12 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
         else:
             reason = (
                 f"no configuration beats the default's capacity ({r0['capacity_median']:.3g} req/s)"
-                f" beyond the noise; best measured: {best['config']} at {best['vs_default']:.2f}x"
-                f" ({best['noise']}){_failed(best)}"
+                + (
+                    f" beyond the noise; best measured: {best['config']} at {best['vs_default']:.2f}x"
+                    f" ({best['noise']}){_failed(best)}"
+                    if best["config"] != reference
+                    else "; the default measured highest"
+                )
             )
             status = (
                 "kept: within noise" if best["config"] != reference else "kept: default is best"

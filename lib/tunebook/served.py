@@ -585,7 +585,7 @@ class Deployment:
         """The environment of a result measured here (``point``: whose sampler it used)."""
         import platform as pyplatform
 
-        from .adapter import parse_log
+        from .adapter import cpu_model, parse_log
 
         facts = parse_log(self.logs[0].read_text(errors="replace")) if self.logs else {}
         kind, total = device_memory_bytes()
@@ -596,6 +596,7 @@ class Deployment:
             "platform": kind,
             "host": pyplatform.node(),
             "cpu_count": os.cpu_count(),
+            "cpu_model": cpu_model(),
             "seed": self.kwargs.get("seed"),
             "sampler": "greedy"
             if not (point or self.point).sampling.get("temperature")
