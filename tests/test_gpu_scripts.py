@@ -110,11 +110,18 @@ def test_consecutive_notebooks_share_one_runner_and_a_failure_leaves_out_only_it
 
 
 def test_a_detached_run_goes_on_after_its_command_and_each_wait_brings_back_what_is_done(tmp_path):
-    work, env, calls = _node(tmp_path, sleep=2.0)
-    cmd = ["bash", "scripts/gpu_detached.sh"]
-    run = lambda *a: subprocess.run(  # noqa: E731
-        [*cmd, *a], cwd=work, env=env, capture_output=True, text=True, timeout=60
-    )
+    work, env, calls = _node(tmp_path, sleep=4.0)  # long enough to be found running twice
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "scripts/gpu_detached.sh", *args],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     r = run("start", "rid", "0", "600", "00", "01")
     assert r.returncode == 0 and "still running; snapshot packed" in r.stdout, r.stdout + r.stderr
     assert (tmp_path / "run.tgz").is_file()

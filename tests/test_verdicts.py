@@ -629,7 +629,7 @@ def test_c11_served_deployment_is_the_chosen_one_not_the_noise_floor():
 def test_config_header_names_the_deployment_when_only_it_changed():
     served = {"status": "changed", "reason": "4 replicas serve 5.66x"}
     head = assemble._header({"scenario": "s", "changed": {}, "served_choice": served})
-    assert "those defaults kept; the deployment's own reason follows" in head
+    assert "those defaults kept; the deployment has its own reason (its 'chosen:' line)" in head
     assert "defaults kept\n" in assemble._header({"scenario": "s", "changed": {}})
 
 

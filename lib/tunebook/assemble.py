@@ -1067,7 +1067,7 @@ def _header(choice: dict, comment: str = "#") -> str:
         served = choice.get("served_choice") or {}
         lines.append(
             "no engine setting measured alone (00-03) beat vLLM's default beyond the noise:"
-            " those defaults kept; the deployment's own reason follows"
+            " those defaults kept; the deployment has its own reason (its 'chosen:' line)"
             if served.get("status") == "changed"
             else "no measured setting beat vLLM's default beyond the noise: defaults kept"
         )
