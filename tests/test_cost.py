@@ -259,3 +259,49 @@ def test_starts_are_grouped_by_how_they_started(tmp_path):
     assert "2 start(s), median 16.0 [11.0-21.0], 32 in all; 1 of them waited 10 s" in printed
     only = cost.starts(tmp_path, "01_kv_cache_sizing")
     assert [r["kind"] for r in only] == ["in-process (forked point process)"]
+
+
+# Lines as vLLM 0.26 writes them (runs/h100-20261206c), one engine compiling afresh, the next
+# loading what it saved.
+_AFRESH = (
+    "(EngineCore pid=1) INFO [backends.py:393] Compiling a graph for compile range (1, 8192) takes 7.46 s\n"
+    "(EngineCore pid=1) INFO [decorators.py:708] saved AOT compiled function to /c/torch_aot_compile/x\n"
+    "(EngineCore pid=1) INFO [monitor.py:53] torch.compile took 13.88 s in total\n"
+)
+_CACHED = (
+    "(EngineCore pid=2) INFO [decorators.py:311] Directly load AOT compilation from path /c/x/model\n"
+    "(EngineCore pid=2) INFO [monitor.py:53] torch.compile took 2.51 s in total\n"
+)
+
+
+def test_compiles_afresh_and_from_the_cache_and_what_a_warm_cache_saves(tmp_path):
+    import gzip
+
+    logs = tmp_path / "02_nb" / "sweep" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "a-r0.log").write_text(_AFRESH + _CACHED)  # two engines in one log, in turn
+    (logs / "a-r1.log.gz").write_bytes(gzip.compress((_CACHED * 2).encode()))
+    (logs / "eager.log").write_text("INFO init engine took 1.2 s\n")  # no compile: not counted
+    rows = cost.compiles(tmp_path)
+    assert [(r["seconds"], r["cached"]) for r in rows] == [
+        (13.88, False),
+        (2.51, True),
+        (2.51, True),
+        (2.51, True),
+    ]
+    assert cost.compiles_text(rows) == (
+        "torch.compile: 4 run(s) in the engine logs; 1 compiled afresh (13.9-13.9 s, 14 in all);"
+        " 3 loaded the compile cache (median 2.5 s): a warm cache would have saved about 11 s"
+    )
+    assert cost.compiles(tmp_path, "01_other") == [] and cost.compiles_text([]) == ""
+
+
+def test_compiles_of_a_kept_gpu_run():
+    # The H100 run's README counts these by hand: 62 compiles, 9 afresh (one per configuration
+    # new to the node, 9.2-13.9 s), 53 from the cache (2.4-3.2 s).
+    rows = cost.compiles(REPO / "runs" / "h100-20261206c")
+    fresh = sorted(r["seconds"] for r in rows if not r["cached"])
+    hits = [r["seconds"] for r in rows if r["cached"]]
+    assert len(rows) == 62 and len(fresh) == 9 and (fresh[0], fresh[-1]) == (9.22, 13.88)
+    assert len(hits) == 53 and 2.4 <= min(hits) and max(hits) <= 3.2
+    assert "a warm cache would have saved about 70 s" in cost.compiles_text(rows)

@@ -17,7 +17,9 @@ runs' ``duration_s``, warm-up as the rest of ``wall_s``) and each row says which
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -261,6 +263,62 @@ def starts_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# vLLM's engine log, per engine start: how long torch.compile took, and whether it compiled
+# afresh (it then saves what it compiled) or loaded vLLM's compile cache.
+_COMPILE_TOOK = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+_COMPILED_AFRESH = ("saved AOT compiled function", "Compiling a graph for")
+
+
+def _log_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+        return (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode(errors="replace")
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return ""
+
+
+def compiles(run_dir: str | Path, notebook: str | None = None) -> list[dict]:
+    """Every torch.compile of a run's engines (each replica's too), from the engine logs kept in
+    the run folder: ``{"log", "seconds", "cached"}``. ``cached`` is False when the engine compiled
+    afresh, the cost a node pays once per configuration and a node with a warm cache does not."""
+    run_dir = Path(run_dir)
+    folders = sorted(x for x in run_dir.iterdir() if x.is_dir()) if run_dir.is_dir() else []
+    out = []
+    for d in [x for x in folders if notebook in (None, x.name)]:
+        for log in sorted([*d.rglob("*.log"), *d.rglob("*.log.gz")]):
+            afresh = False
+            for line in _log_text(log).splitlines():
+                if any(m in line for m in _COMPILED_AFRESH):
+                    afresh = True
+                elif m := _COMPILE_TOOK.search(line):
+                    rel = str(log.relative_to(run_dir))
+                    out.append({"log": rel, "seconds": float(m.group(1)), "cached": not afresh})
+                    afresh = False
+    return out
+
+
+def compiles_text(rows: list[dict]) -> str:
+    """One line: compiles afresh against cache loads, and what a warm cache would have saved
+    (each fresh compile's seconds less the median cache load). Empty without compiles (an eager
+    engine, as on CPU)."""
+    if not rows:
+        return ""
+    fresh = [r["seconds"] for r in rows if not r["cached"]]
+    hits = [r["seconds"] for r in rows if r["cached"]]
+    text = f"torch.compile: {len(rows)} run(s) in the engine logs"
+    if fresh:
+        text += (
+            f"; {len(fresh)} compiled afresh ({min(fresh):.1f}-{max(fresh):.1f} s,"
+            f" {sum(fresh):.0f} in all)"
+        )
+    if hits:
+        text += f"; {len(hits)} loaded the compile cache (median {statistics.median(hits):.1f} s)"
+    if fresh and hits:
+        saved = sum(fresh) - len(fresh) * statistics.median(hits)
+        text += f": a warm cache would have saved about {saved:.0f} s"
+    return text
+
+
 def total(rows: list[dict]) -> dict:
     out = {"notebook": "total", "calls": sum(r["calls"] for r in rows)}
     for k in ("points", "failed_points", "gpu_s", *CATEGORIES):
@@ -349,4 +407,6 @@ def main(argv: list[str] | None = None) -> int:
         print(table(rows))
         print()
         print(starts_table(starts(run_dir)))
+        if text := compiles_text(compiles(run_dir)):
+            print(text)
     return 0

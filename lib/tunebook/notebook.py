@@ -104,3 +104,5 @@ def end(run_dir: str | Path, notebook: str) -> None:
     print(console.summarize_log(log_path(run_dir, notebook)))
     print(gpu_time_text(run_dir, notebook))
     print(cost.starts_table(cost.starts(run_dir, notebook)))
+    if text := cost.compiles_text(cost.compiles(run_dir, notebook)):
+        print(text)
