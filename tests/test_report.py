@@ -11,7 +11,7 @@ import nbformat
 import plotly.graph_objects as go
 import pytest
 
-from tunebook import claims, report
+from tunebook import claims, cost, report
 from tunebook.results import SweepDir
 
 LONG_NOTE = "a note long enough to be cut off in a table " * 8 + "THE-END-OF-THE-NOTE"
@@ -233,3 +233,11 @@ def test_report_of_an_old_run_folder(tmp_path):
     assert "NVIDIA H200" in page and "FLASH_ATTN" in page and "0.26.0" in page
     assert "~ estimated" in page
     assert page.count("<tr>") > 13
+
+
+def test_gpu_time_section_says_what_compiling_afresh_cost():
+    run = Path(__file__).resolve().parents[1] / "runs" / "h100-20261206c"
+    html = report.gpu_time_html(cost.run_cost(run), cost.compiles_text(cost.compiles(run)))
+    assert "1322 s" in html  # the total
+    assert "9 compiled afresh" in html and "a warm cache would have saved about 70 s." in html
+    assert "compiled afresh" not in report.gpu_time_html(cost.run_cost(run))

@@ -402,7 +402,8 @@ def fingerprint_html(fp: dict[str, Counter], state: dict) -> str:
     return _table(["", "this run"], rows)
 
 
-def gpu_time_html(rows: list[dict]) -> str:
+def gpu_time_html(rows: list[dict], compiles: str = "") -> str:
+    """The GPU-seconds table; ``compiles``: cost.compiles_text() of the run, a line below it."""
     if not rows:
         return "<p>No points in this run.</p>"
     all_rows = [*rows, cost.total(rows)]
@@ -463,6 +464,7 @@ def gpu_time_html(rows: list[dict]) -> str:
         )
         + est_note
         + (f"<ul class='muted'>{notes}</ul>" if notes else "")
+        + (f"<p class='muted'>{esc(compiles)}.</p>" if compiles else "")
     )
 
 
@@ -549,7 +551,7 @@ def summary_html(run_dir: str | Path, pages: dict[str, str] | None = None) -> st
         + "<h2 id='fingerprint'>What ran</h2>"
         + fingerprint_html(fp, state)
         + "<h2 id='gpu-time'>GPU time</h2>"
-        + gpu_time_html(rows)
+        + gpu_time_html(rows, cost.compiles_text(cost.compiles(run_dir)))
         + "<h2 id='notebooks'>Notebooks</h2>"
         + status_html(state, pages)
         + "<p class='muted'>Every figure comes from the point files under this run folder;"
