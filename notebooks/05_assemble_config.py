@@ -468,6 +468,7 @@ v_c11 = presets.c11_verdict(
     evidence=f"05_assemble_config/{served_sweep if served_val is not None else sweep_name}; choice.json",
     repeats=repeats,
     had_sweeps=bool(sweeps),
+    deployment=served_choice if served_val is not None else None,
 )
 print(claims.describe(v_c11))
 
@@ -527,9 +528,12 @@ else:
 for d in choice["decisions"]:
     lines.append(f"- `{d['setting']}`: {d['status']} ({d['notebook']}/{d['sweep']}). {d['reason']}")
 lines += [f"- {m}." for m in choice["missing"]]
+if served_choice is not None:
+    lines.append(f"**Served deployment (04's capacity ranking):** {served_choice['status']}: {served_choice['reason']}.")
 objective = presets.objective_metric(sc.name, validation)
+deployed = served_choice if served_val is not None else None
 lines.append(
-    f"**Validation:** {presets.chosen_text(choice, validation, objective)};"
+    f"**Validation:** {presets.chosen_text(choice, validation, objective, deployed)};"
     f" {presets.article_text(validation, objective)}."
 )
 lines.append(
