@@ -529,7 +529,9 @@ for d in choice["decisions"]:
     lines.append(f"- `{d['setting']}`: {d['status']} ({d['notebook']}/{d['sweep']}). {d['reason']}")
 lines += [f"- {m}." for m in choice["missing"]]
 if served_choice is not None:
-    lines.append(f"**Served deployment (04's capacity ranking):** {served_choice['status']}: {served_choice['reason']}.")
+    lines.append(
+        f"**Served deployment (04's capacity ranking):** {served_choice['status']}: {served_choice['reason']}."
+    )
 objective = presets.objective_metric(sc.name, validation)
 deployed = served_choice if served_val is not None else None
 lines.append(
