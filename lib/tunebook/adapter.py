@@ -141,6 +141,20 @@ def cpu_model() -> str | None:
     return pyplatform.processor() or None
 
 
+def resolve_architecture(model: str) -> list[str]:
+    """The model's architectures, resolved as an engine start resolves them.
+
+    The first time on a node (per ``VLLM_CACHE_ROOT``) vLLM inspects the model class in a fresh
+    Python process and caches the answer under ``modelinfos/``: 9 s on two CPU cores, and the
+    20 s between the first server's first log line and "Resolved architecture" on a fresh H100
+    (runs/h100-20261206c). Done once beforehand, every engine start finds it cached.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+
+    cfg = EngineArgs(model=str(resolve_model_dir(model)), load_format="dummy").create_model_config()
+    return list(cfg.architectures or [])
+
+
 def metrics_snapshot() -> dict[str, float]:
     """Counters and gauges of the in-process engine, summed over label sets.
 
@@ -649,3 +663,17 @@ def _reset_vllm_env_cache() -> None:
     reset = getattr(venvs, "disable_envs_cache", None)
     if reset is not None:
         reset()
+
+
+if __name__ == "__main__":
+    # ``python -m tunebook.adapter architecture MODEL...``: the runner's background warm-up
+    # (tunebook.runner.start_warm_up); one JSON line per model.
+    import sys
+
+    if len(sys.argv) < 3 or sys.argv[1] != "architecture":
+        sys.exit("usage: python -m tunebook.adapter architecture MODEL...")
+    for name in sys.argv[2:]:
+        t0 = time.time()
+        archs = resolve_architecture(name)
+        t1 = time.time()
+        print(json.dumps({"model": name, "architectures": archs, "seconds": t1 - t0, "ended": t1}))

@@ -11,7 +11,10 @@ import json
 import logging
 import os
 import secrets
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,6 +99,70 @@ def preflight(prof: dict, names: list[str]) -> dict[str, dict]:
     return plan
 
 
+WARM_UP_LOG = "warm-up.log"
+
+
+def start_warm_up(models: list[str]) -> dict | None:
+    """On a GPU node, resolve each model's architecture in a background process.
+
+    An engine's first start on a node waits for vLLM to inspect the model class in a fresh
+    Python process (20 s of the first server's 56 s on a fresh H100, runs/h100-20261206c); the
+    answer is cached under ``VLLM_CACHE_ROOT``. Started before the runner's own parameter check,
+    it runs while that check and the first notebook's kernel import vLLM, so the first engine
+    finds it cached. Where notebooks start their launchers early (``launcher.wants_prestart``:
+    GPU nodes), else None: on a few CPU cores it would only compete with the run.
+    """
+    from . import launcher
+
+    if not models or not launcher.wants_prestart():
+        return None
+    fd, log = tempfile.mkstemp(prefix="tunebook-warm-up-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tunebook.adapter", "architecture", *models],
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: stopped with everything it started
+        )
+    return {"proc": proc, "log": Path(log), "started": time.time(), "models": list(models)}
+
+
+def finish_warm_up(warm: dict | None, run_dir: Path | None, started: float) -> dict | None:
+    """Stop the warm-up if it still runs, move its log into the run folder, and return what
+    run.json keeps of it: the models resolved and when it ended (seconds after ``started``)."""
+    if warm is None:
+        return None
+    proc = warm["proc"]
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    log: Path = warm["log"]
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    resolved = []
+    for line in text.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(msg, dict) and "architectures" in msg:
+            resolved.append(msg)
+    if run_dir is not None:
+        with open(run_dir / WARM_UP_LOG, "a") as f:
+            f.write(text)
+    log.unlink(missing_ok=True)
+    return {
+        "models": warm["models"],
+        "resolved": [m["model"] for m in resolved],
+        "seconds": round(sum(float(m.get("seconds") or 0.0) for m in resolved), 3),
+        "ended_after_s": round(float(resolved[-1]["ended"]) - started, 3) if resolved else None,
+        "returncode": proc.returncode,
+    }
+
+
 def run_workbook(
     profile: str | None = None,
     run_id: str | None = None,
@@ -118,10 +185,15 @@ def run_workbook(
     profile = profile or detect_profile()
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
-    plan = preflight(prof, names)
-    log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
-    run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
-    run_dir = claim_run_dir(runs_dir, run_id, resume)
+    warm = start_warm_up(_models(prof, names))
+    try:
+        plan = preflight(prof, names)
+        log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
+        run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
+        run_dir = claim_run_dir(runs_dir, run_id, resume)
+    except BaseException:
+        finish_warm_up(warm, None, started)
+        raise
     state_path = run_dir / "run.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     state.update(run_id=run_id, profile=str(prof["_path"]), python=sys.version.split()[0])
@@ -135,23 +207,48 @@ def run_workbook(
         me["notebook_s"] = _calls_seconds(state) - before
         atomic_write_text(state_path, json.dumps(state, indent=2))
 
+    def warm_up_done(log) -> None:
+        if warm is None or "warm_up" in me:
+            return
+        w = me["warm_up"] = finish_warm_up(warm, run_dir, started)
+        if w and w["resolved"]:
+            log(
+                f"[tunebook] vLLM's model inspection ({', '.join(w['resolved'])}) cached in the"
+                f" background: {w['seconds']:.1f} s, done {w['ended_after_s']:.0f} s after the"
+                " runner started"
+            )
+        else:
+            log(f"[tunebook] the model inspection warm-up did not finish: see {WARM_UP_LOG}")
+
     with open(run_dir / RUN_LOG, "a") as run_log:
         tee = _tee(log, run_log)
         try:
             with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
                 _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log)
         except NotebookFailed:
+            warm_up_done(tee)
             if report:  # what did run is worth reading: the report says which notebook stopped
                 record()  # the report shows this call's runner seconds so far
                 _report(run_dir, tee)
             raise
         else:
+            warm_up_done(tee)
             if report:
                 record()
                 _report(run_dir, tee)
         finally:
+            warm_up_done(tee)
             record()
     return run_dir
+
+
+def _models(prof: dict, names: list[str]) -> list[str]:
+    """The distinct models the notebooks run (none where a profile is broken: the check says)."""
+    try:
+        models = [notebook_params(prof, n).get("model") for n in names]
+    except ConfigError:
+        return []
+    return list(dict.fromkeys(m for m in models if isinstance(m, str) and m))
 
 
 def _calls_seconds(state: dict) -> float:

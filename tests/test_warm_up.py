@@ -1,0 +1,57 @@
+"""The runner's background warm-up: vLLM's model inspection cached before the first engine."""
+
+from __future__ import annotations
+
+import json
+
+from tunebook import runner
+
+
+def test_no_warm_up_where_launchers_are_not_started_early(monkeypatch):
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "0")  # a CPU machine's default
+    assert runner.start_warm_up(["tiny-ernie"]) is None
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "1")
+    assert runner.start_warm_up([]) is None
+
+
+def test_warm_up_caches_the_model_inspection_that_an_engine_start_then_finds(monkeypatch, tmp_path):
+    """Real vLLM: the background process writes vLLM's modelinfos cache, and an engine
+    configuration built afterwards resolves the architecture from it without inspecting again."""
+    cache = tmp_path / "vllm-cache"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache))
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "1")
+    started = runner.time.time()
+    warm = runner.start_warm_up(["tiny-ernie"])
+    assert warm is not None
+    assert warm["proc"].wait(timeout=300) == 0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rec = runner.finish_warm_up(warm, run_dir, started)
+    assert rec["resolved"] == ["tiny-ernie"] and rec["returncode"] == 0
+    assert 0 < rec["seconds"] <= rec["ended_after_s"]
+    infos = list((cache / "modelinfos").glob("*Ernie4_5ForCausalLM*.json"))
+    assert len(infos) == 1, list(cache.rglob("*"))
+    line = json.loads((run_dir / runner.WARM_UP_LOG).read_text().strip().splitlines()[-1])
+    assert line["architectures"] == ["Ernie4_5ForCausalLM"]
+    assert not warm["log"].exists()  # moved into the run folder
+    # What the cache is for: the engine's own resolution now finds it (the file is not rewritten)
+    before = infos[0].stat().st_mtime_ns
+    proc = runner.subprocess.run(
+        [runner.sys.executable, "-m", "tunebook.adapter", "architecture", "tiny-ernie"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert infos[0].stat().st_mtime_ns == before
+
+
+def test_a_warm_up_still_running_is_stopped_and_said_so(tmp_path):
+    log = tmp_path / "warm.log"
+    log.write_text("")
+    proc = runner.subprocess.Popen(["sleep", "60"], start_new_session=True)
+    warm = {"proc": proc, "log": log, "started": runner.time.time(), "models": ["m"]}
+    rec = runner.finish_warm_up(warm, tmp_path, warm["started"])
+    assert proc.returncode is not None and proc.returncode < 0  # killed, not waited for
+    assert rec["resolved"] == [] and rec["ended_after_s"] is None
+    assert (tmp_path / runner.WARM_UP_LOG).is_file() and not log.exists()
