@@ -101,6 +101,11 @@ def start_phases(text: str) -> dict:
     up = next((_stamp(x) for x in lines if "Starting vLLM server" in x), None)
     if first and up:
         out["log_to_serving_s"] = (up - first).total_seconds()
+    # vLLM's first inspection of the model class on a node (a fresh Python process, cached
+    # under VLLM_CACHE_ROOT/modelinfos): 20 s of a fresh H100's first start, 0 s after it.
+    resolved = next((_stamp(x) for x in lines if "Resolved architecture" in x), None)
+    if first and resolved:
+        out["resolve_s"] = (resolved - first).total_seconds()
     core = next((_stamp(x) for x in lines if x.startswith("(EngineCore")), None)
     if first and core:
         out["api_to_engine_s"] = (core - first).total_seconds()
@@ -152,6 +157,7 @@ def table(rows: list[dict]) -> str:
     cols = (
         "start_s",
         "log_to_serving_s",
+        "resolve_s",
         "api_to_engine_s",
         "engine_init_s",
         "compile_s",

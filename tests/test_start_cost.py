@@ -88,3 +88,12 @@ def test_logs_of_a_run_folder_in_start_order_with_the_points_start_seconds(tmp_p
     assert summary["compiled"]["starts"] == 1
     assert summary["loaded"]["engine_init_s"] == [8.51, 8.51, 8.51]
     assert "a-r0" in sc.table(rows)
+
+
+def test_the_model_inspection_of_a_fresh_node_is_read_from_the_first_server_log():
+    """runs/h100-20261206c: the node's first server waited 20 s for vLLM to inspect the model
+    class (uncached); every later one resolved it in the second it started."""
+    rows = sc.from_logs(ROOT / "runs" / "h100-20261206c" / "00_baseline")
+    assert rows[0]["log"].startswith("baseline_served/logs/default--chat-r0/")
+    assert rows[0]["resolve_s"] == 20.0
+    assert all(r["resolve_s"] == 0.0 for r in rows[1:]), [r["resolve_s"] for r in rows]
