@@ -96,6 +96,9 @@ prefix_repeats: int = 1  # engine starts per (prefix caching, share) point
 # itself only warns); from here on vLLM's log goes to <run_dir>/01_kv_cache_sizing/logs/engine.log.
 import tunebook.notebook
 
+# On a GPU node the random-init checkpoint (section 3) is written by a process of its own while
+# the parameters are checked and vLLM is imported, rather than after, before the first engine.
+early_checkpoint = kv.prepare_random_init(model) if drift_random_init else None
 run_dir = tunebook.notebook.begin(globals(), "01_kv_cache_sizing")
 
 # %% [markdown]
@@ -111,7 +114,9 @@ wb = tb.workbook.Workbook(
 )
 greedy = {"temperature": 0.0}
 # The capacity/drift engines: same shape, weights vLLM can compute a non-flat distribution with.
-drift_model = str(kv.random_init_checkpoint(model)) if drift_random_init else model
+drift_model = (
+    str(kv.random_init_checkpoint(model, early=early_checkpoint)) if drift_random_init else model
+)
 print(f"platform: {platform}; vLLM {engine.vllm_version()}; model: {model}")
 
 # %% [markdown]

@@ -55,3 +55,23 @@ def test_a_warm_up_still_running_is_stopped_and_said_so(tmp_path):
     assert proc.returncode is not None and proc.returncode < 0  # killed, not waited for
     assert rec["resolved"] == [] and rec["ended_after_s"] is None
     assert (tmp_path / runner.WARM_UP_LOG).is_file() and not log.exists()
+
+
+def test_the_random_init_checkpoint_is_written_early_by_a_process_of_its_own(monkeypatch, tmp_path):
+    """01 starts it before its parameter check on a GPU node; the derived-values cell then only
+    waits for it. Real transformers init, tiny model."""
+    from tunebook import kvcache as kv
+
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "0")  # a CPU machine: the cell writes it itself
+    assert kv.prepare_random_init("tiny-ernie", 3, str(tmp_path)) is None
+    monkeypatch.setenv("TUNEBOOK_PRESTART", "1")
+    assert kv.prepare_random_init("no-such-model", 3, str(tmp_path)) is None  # begin says why
+    early = kv.prepare_random_init("tiny-ernie", 3, str(tmp_path))
+    assert early is not None
+    assert early.wait(timeout=300) == 0
+    written = list((tmp_path / "tiny-ernie-seed3").glob("*.safetensors"))
+    assert len(written) == 1  # by the process alone, before the notebook asks for it
+    mtime = written[0].stat().st_mtime_ns
+    dest = kv.random_init_checkpoint("tiny-ernie", 3, str(tmp_path), early=early)
+    assert dest == tmp_path / "tiny-ernie-seed3" and written[0].stat().st_mtime_ns == mtime
+    assert kv.prepare_random_init("tiny-ernie", 3, str(tmp_path)) is None  # written already
