@@ -305,3 +305,18 @@ def test_compiles_of_a_kept_gpu_run():
     assert len(rows) == 62 and len(fresh) == 9 and (fresh[0], fresh[-1]) == (9.22, 13.88)
     assert len(hits) == 53 and 2.4 <= min(hits) and max(hits) <= 3.2
     assert "a warm cache would have saved about 70 s" in cost.compiles_text(rows)
+
+
+def test_the_background_warm_up_is_said_below_the_table_and_adds_to_no_row():
+    state = cost.read_state(REPO / "runs" / "h100-20261206d")
+    assert cost.warm_up_text(state) == (
+        "model inspection cached in the background (ernie-4.5-0.3b-pt): 36.9 s, done 38 s after"
+        " the runner started"
+    )
+    # its 36.9 s ran beside the runner's own: the runner row is the runner's wall time alone
+    rows = cost.run_cost(REPO / "runs" / "h100-20261206d")
+    runner = next(r for r in rows if r["notebook"] == cost.RUNNER_ROW)
+    assert runner["gpu_s"] == pytest.approx(1212.272 - 1193.530, abs=0.01)
+    assert cost.warm_up_text({"runner": [{"seconds": 5.0}]}) == ""
+    failed = {"runner": [{"warm_up": {"models": ["m"], "resolved": [], "seconds": 0.0}}]}
+    assert cost.warm_up_text(failed) == "model inspection warm-up of m did not finish"

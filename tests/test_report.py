@@ -241,3 +241,14 @@ def test_gpu_time_section_says_what_compiling_afresh_cost():
     assert "1322 s" in html  # the total
     assert "9 compiled afresh" in html and "a warm cache would have saved about 70 s." in html
     assert "compiled afresh" not in report.gpu_time_html(cost.run_cost(run))
+
+
+def test_gpu_time_section_says_what_the_background_warm_up_did():
+    run = Path(__file__).resolve().parents[1] / "runs" / "h100-20261206d"
+    lines = "\n".join(
+        [cost.compiles_text(cost.compiles(run)), cost.warm_up_text(cost.read_state(run))]
+    )
+    html = report.gpu_time_html(cost.run_cost(run), lines)
+    assert "1212 s" in html
+    assert "a warm cache would have saved about 98 s.</p>" in html  # a paragraph each
+    assert "<p class='muted'>model inspection cached in the background (ernie-4.5-0.3b-pt)" in html

@@ -192,6 +192,28 @@ def runner_cost(state: dict) -> dict | None:
     }
 
 
+def warm_up_text(state: dict) -> str:
+    """What the runner's background warm-ups did (``runner.start_warm_up``), one line each; ""
+    where none ran. Their seconds overlap the runner's and the first notebook's, so they are in
+    no row of the table."""
+    lines = []
+    for p in state.get("runner") or []:
+        w = p.get("warm_up")
+        if not w:
+            continue
+        if w.get("resolved"):
+            lines.append(
+                f"model inspection cached in the background ({', '.join(w['resolved'])}):"
+                f" {float(w['seconds']):.1f} s, done {float(w['ended_after_s']):.0f} s after the"
+                " runner started"
+            )
+        else:
+            lines.append(
+                f"model inspection warm-up of {', '.join(w.get('models') or [])} did not finish"
+            )
+    return "\n".join(lines)
+
+
 def start_kind(p: dict) -> str:
     """How a point's engine started, in words: the process that holds it and how it was made."""
     env = p.get("env") or {}
@@ -408,5 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(starts_table(starts(run_dir)))
         if text := compiles_text(compiles(run_dir)):
+            print(text)
+        if text := warm_up_text(read_state(run_dir)):
             print(text)
     return 0

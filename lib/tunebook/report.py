@@ -403,7 +403,8 @@ def fingerprint_html(fp: dict[str, Counter], state: dict) -> str:
 
 
 def gpu_time_html(rows: list[dict], compiles: str = "") -> str:
-    """The GPU-seconds table; ``compiles``: cost.compiles_text() of the run, a line below it."""
+    """The GPU-seconds table; ``compiles``: lines below it (cost.compiles_text() and
+    cost.warm_up_text() of the run), a paragraph each."""
     if not rows:
         return "<p>No points in this run.</p>"
     all_rows = [*rows, cost.total(rows)]
@@ -464,7 +465,7 @@ def gpu_time_html(rows: list[dict], compiles: str = "") -> str:
         )
         + est_note
         + (f"<ul class='muted'>{notes}</ul>" if notes else "")
-        + (f"<p class='muted'>{esc(compiles)}.</p>" if compiles else "")
+        + "".join(f"<p class='muted'>{esc(line)}.</p>" for line in compiles.splitlines() if line)
     )
 
 
@@ -551,7 +552,14 @@ def summary_html(run_dir: str | Path, pages: dict[str, str] | None = None) -> st
         + "<h2 id='fingerprint'>What ran</h2>"
         + fingerprint_html(fp, state)
         + "<h2 id='gpu-time'>GPU time</h2>"
-        + gpu_time_html(rows, cost.compiles_text(cost.compiles(run_dir)))
+        + gpu_time_html(
+            rows,
+            "\n".join(
+                t
+                for t in (cost.compiles_text(cost.compiles(run_dir)), cost.warm_up_text(state))
+                if t
+            ),
+        )
         + "<h2 id='notebooks'>Notebooks</h2>"
         + status_html(state, pages)
         + "<p class='muted'>Every figure comes from the point files under this run folder;"
