@@ -3,7 +3,9 @@
     python scripts/scrub_paths.py runs/<run-id> [--prefix /abs/checkout/] [--home /root/]
 
 Rewrites text files (.ipynb, .json, .csv, .log, .md ...) in place, gzipped ones too (a run's large
-logs and request records are kept as .gz). The nbval goldens get the same treatment from
+logs and request records are kept as .gz). Installed packages' paths, which name how a node was set
+up (a virtualenv's, or the folder a bundle was installed into with pip's --target), become
+``site-packages/``. The nbval goldens get the same treatment from
 make_goldens.py (only in outputs nbval does not compare).
 """
 
@@ -12,15 +14,19 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Any absolute path down to a site-packages folder, and the GPU node's pip --target folder.
+SITE_PACKAGES = re.compile(r"(?<![\w.+-])(?:(?:/[\w.+-]+)+/(?:site|dist)-packages/|/tmp/site/)")
 SUFFIXES = {".ipynb", ".json", ".csv", ".log", ".md", ".jsonl", ".html", ".yaml", ".sh", ".py"}
 
 
 def scrub_text(text: str, prefixes: list[str], home: str) -> str:
     for p in prefixes:
         text = text.replace(p, "")
+    text = SITE_PACKAGES.sub("site-packages/", text)
     return text.replace(home, "~/") if home and home != "/" else text
 
 

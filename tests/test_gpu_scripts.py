@@ -142,6 +142,13 @@ def test_scrub_paths_rewrites_plain_and_gzipped_files(tmp_path):
     run.mkdir(parents=True)
     (run / "run.log").write_text("running -> /abs/checkout/runs/r/00.ipynb\n")
     (run / "replica0.log.gz").write_bytes(gzip.compress(b"model=/abs/checkout/models/m\n"))
+    # how a node installed its packages: a virtualenv, and the bundle's pip --target folder
+    trace = (
+        'File "/opt/x/.venv/lib/python3.12/site-packages/torch/a.py"\n'
+        'File "/tmp/site/vllm/b.py"\n'
+        "a relative .venv/lib/python3.12/site-packages/ stays\n"
+    )
+    (run / "trace.log").write_text(trace)
     (run / "blob.bin").write_bytes(b"/abs/checkout/")  # not a text file: left alone
     r = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "scrub_paths.py"), str(run)]
@@ -150,7 +157,10 @@ def test_scrub_paths_rewrites_plain_and_gzipped_files(tmp_path):
         text=True,
         check=True,
     )
-    assert "scrubbed 2 files" in r.stdout
+    assert "scrubbed 3 files" in r.stdout
+    assert (run / "trace.log").read_text() == trace.replace(
+        "/opt/x/.venv/lib/python3.12/site-packages/", "site-packages/"
+    ).replace("/tmp/site/", "site-packages/")
     assert (run / "run.log").read_text() == "running -> runs/r/00.ipynb\n"
     assert gzip.decompress((run / "replica0.log.gz").read_bytes()) == b"model=models/m\n"
     assert (run / "blob.bin").read_bytes() == b"/abs/checkout/"
