@@ -58,7 +58,5 @@ if running; then
   echo "[detached] $rid still running; snapshot packed"
 else
   cp "$home/out"/run.tgz* "$out"/ 2>/dev/null || pack "$out/run.tgz" "$tree/runs" "$rid"
-  # What a node's compile caches hold by now: what carrying them to a fresh node would move.
-  du -sh /tmp/starts-launcher/warm/* 2>/dev/null | sed 's/^/[detached] cache /'
   echo "[detached] $rid finished"
 fi

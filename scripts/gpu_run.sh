@@ -156,3 +156,7 @@ if (( $(stat -c %s "$out/run.tgz") > 15000000 )); then
   split -b 15000000 -d -a 1 "$out/run.tgz" "$out/run.tgz." && rm "$out/run.tgz"
 fi
 echo "[gpu_run] packed runs/$rid in $(( $(date +%s) - start ))s"
+# What the node's compile caches hold by now: what carrying them to a fresh node would move.
+for v in VLLM_CACHE_ROOT TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR; do
+  du -sh "${!v}" 2>/dev/null | sed 's/^/[gpu_run] cache /'
+done
