@@ -318,5 +318,7 @@ def test_the_background_warm_up_is_said_below_the_table_and_adds_to_no_row():
     runner = next(r for r in rows if r["notebook"] == cost.RUNNER_ROW)
     assert runner["gpu_s"] == pytest.approx(1212.272 - 1193.530, abs=0.01)
     assert cost.warm_up_text({"runner": [{"seconds": 5.0}]}) == ""
-    failed = {"runner": [{"warm_up": {"models": ["m"], "resolved": [], "seconds": 0.0}}]}
-    assert cost.warm_up_text(failed) == "model inspection warm-up of m did not finish"
+    w = {"models": ["m"], "resolved": [], "seconds": 0.0, "returncode": 1}
+    assert cost.warm_up_text({"runner": [{"warm_up": w}]}) == (
+        "model inspection warm-up of m did not complete (exit code 1)"
+    )

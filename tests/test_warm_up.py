@@ -50,8 +50,8 @@ def test_a_warm_up_still_running_is_stopped_and_said_so(tmp_path):
     log = tmp_path / "warm.log"
     log.write_text("")
     proc = runner.subprocess.Popen(["sleep", "60"], start_new_session=True)
-    warm = {"proc": proc, "log": log, "started": runner.time.time(), "models": ["m"]}
-    rec = runner.finish_warm_up(warm, tmp_path, warm["started"])
+    warm = {"proc": proc, "log": log, "models": ["m"]}
+    rec = runner.finish_warm_up(warm, tmp_path, runner.time.time())
     assert proc.returncode is not None and proc.returncode < 0  # killed, not waited for
     assert rec["resolved"] == [] and rec["ended_after_s"] is None
     assert (tmp_path / runner.WARM_UP_LOG).is_file() and not log.exists()

@@ -209,7 +209,8 @@ def warm_up_text(state: dict) -> str:
             )
         else:
             lines.append(
-                f"model inspection warm-up of {', '.join(w.get('models') or [])} did not finish"
+                f"model inspection warm-up of {', '.join(w.get('models') or [])} did not complete"
+                f" (exit code {w.get('returncode')})"
             )
     return "\n".join(lines)
 

@@ -125,7 +125,7 @@ def start_warm_up(models: list[str]) -> dict | None:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: stopped with everything it started
         )
-    return {"proc": proc, "log": Path(log), "started": time.time(), "models": list(models)}
+    return {"proc": proc, "log": Path(log), "models": list(models)}
 
 
 def finish_warm_up(warm: dict | None, run_dir: Path | None, started: float) -> dict | None:
@@ -217,8 +217,9 @@ def run_workbook(
                 f" background: {w['seconds']:.1f} s, done {w['ended_after_s']:.0f} s after the"
                 " runner started"
             )
-        else:
-            log(f"[tunebook] the model inspection warm-up did not finish: see {WARM_UP_LOG}")
+        else:  # stopped at the run's end, or failed: engines inspect the model themselves
+            how = "was stopped" if w["returncode"] == -signal.SIGKILL else "failed"
+            log(f"[tunebook] the model inspection warm-up {how}: see {WARM_UP_LOG}")
 
     with open(run_dir / RUN_LOG, "a") as run_log:
         tee = _tee(log, run_log)
