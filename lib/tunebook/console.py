@@ -273,6 +273,8 @@ class StderrFilter:
     """This process's stderr (file descriptor 2, which kernels and engines inherit) through a
     filter: lines matching ``HARMLESS`` are counted, not shown; everything goes to ``log_file``."""
 
+    active = 0  # how many are filtering now (tunebook.early: a kernel started before one was)
+
     def __init__(self, log_file):
         self.log_file = log_file
         self.hidden: Counter[str] = Counter()
@@ -289,6 +291,7 @@ class StderrFilter:
         os.close(w)
         self._thread = threading.Thread(target=self._pump, args=(r,), daemon=True)
         self._thread.start()
+        StderrFilter.active += 1
         return self
 
     def _pump(self, r: int) -> None:
@@ -331,6 +334,7 @@ class StderrFilter:
         os.write(self._saved, text.encode(errors="replace"))
 
     def __exit__(self, *exc) -> None:
+        StderrFilter.active -= 1
         sys.stderr.flush()
         os.dup2(self._saved, 2)  # closes the pipe's last write end: the pump sees EOF
         if self._thread is not None:

@@ -548,6 +548,10 @@ def prepare_random_init(model: str, seed: int = 0, root: str | None = None):
 
     from .launcher import wants_prestart
 
+    key = (str(model), seed, str(root))
+    started = _EARLY_INIT.get(key)
+    if started is not None and started.poll() is None:
+        return started  # started before the notebook ran (tunebook.notebook.prepare)
     try:
         _, _, dest = _random_init_dest(model, seed, root)
     except Exception:  # a bad parameter: begin() reports it
@@ -555,12 +559,16 @@ def prepare_random_init(model: str, seed: int = 0, root: str | None = None):
     if any(dest.glob("*.safetensors")) or not wants_prestart():
         return None
     argv = [sys.executable, "-m", "tunebook.kvcache", "random-init", str(model), str(seed)]
-    return subprocess.Popen(
+    _EARLY_INIT[key] = subprocess.Popen(
         argv + ([str(root)] if root else []),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,  # a failure shows when the notebook makes it itself
     )
+    return _EARLY_INIT[key]
+
+
+_EARLY_INIT: dict[tuple, object] = {}
 
 
 def random_init_checkpoint(model: str, seed: int = 0, root: str | None = None, early=None):

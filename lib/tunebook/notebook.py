@@ -39,11 +39,15 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
     run_dir = profiles.run_folder(ns.get("run_dir", ""))
     nb_dir = Path(run_dir) / notebook
     made = next((d for d in (*reversed(nb_dir.parents), nb_dir) if not d.exists()), None)
+    pre = _PREPARED.pop(notebook, None)  # what ``prepare`` did before the notebook ran
+    if pre is not None:
+        made = made or pre["made"]
+        if not capture:
+            console.release_engine_log(delete=True)
     tmp = None
     if capture:
         # Before the checks below import vLLM, so that what it prints on import is kept too.
-        fd, tmp = tempfile.mkstemp(prefix=f"tunebook-{notebook}-", suffix=".log")
-        os.close(fd)
+        tmp = pre["log"] if pre is not None else _temp_log(notebook)
         console.capture_engine_log(tmp)
     # Engine processes start from the environment as it is now, before this kernel imports vLLM
     # (the checks below) or runs an engine itself: as a `vllm serve` from a shell would.
@@ -72,6 +76,52 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
         console.capture_engine_log(log_path(run_dir, notebook), carry_from=tmp)
     _BEGUN[notebook] = time.time()
     return run_dir
+
+
+def _temp_log(notebook: str) -> str:
+    fd, tmp = tempfile.mkstemp(prefix=f"tunebook-{notebook}-", suffix=".log")
+    os.close(fd)
+    return tmp
+
+
+def _random_init_early(params: dict) -> None:
+    if params.get("drift_random_init") and isinstance(params.get("model"), str):
+        from .kvcache import prepare_random_init
+
+        prepare_random_init(params["model"])
+
+
+# Work a notebook starts before its parameter check, started by ``prepare`` instead.
+EARLY_WORK = {"01_kv_cache_sizing": _random_init_early}
+_PREPARED: dict[str, dict] = {}
+
+
+def prepare(notebook: str, params: dict) -> None:
+    """What ``begin`` waits for, done in the notebook's kernel before the notebook runs.
+
+    The runner starts a notebook's kernel while the notebook before it runs (``tunebook.early``)
+    and runs this in it: the engine log is captured, the launchers and the notebook's early work
+    (``EARLY_WORK``) start, and the value checks import vLLM, as ``begin`` would do them. On a GPU
+    node that was 14-17 s of every notebook before its first engine (runs/h100-20261206d).
+    ``begin`` then finds them done; a bad parameter is left for it to report.
+    """
+    if not launcher.wants_prestart():
+        return
+    nb_dir = Path(profiles.run_folder(params.get("run_dir", ""))) / notebook
+    made = next((d for d in (*reversed(nb_dir.parents), nb_dir) if not d.exists()), None)
+    log = _temp_log(notebook)
+    console.capture_engine_log(log)
+    _PREPARED[notebook] = {"log": log, "made": made}
+    isolation.set_base_env(dict(os.environ))  # as begin() would: before vLLM is imported here
+    env = params.get("engine_env") if isinstance(params.get("engine_env"), dict) else {}
+    launcher.prestart_for(env, bool(params.get("isolate", True)), nb_dir / "logs")
+    if work := EARLY_WORK.get(notebook):
+        work(params)
+    declared = profiles.notebook_parameters(notebook)
+    try:
+        profiles.check_values(notebook, {k: params[k] for k in declared if k in params})
+    except Exception:
+        pass  # begin() checks them again and says what is wrong
 
 
 def _call_seconds(notebook: str) -> float:

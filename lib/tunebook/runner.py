@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import early
 from .errors import ConfigError, NotebookFailed
 from .interrupt import stop_on_signal
 from .model import REPO_ROOT
@@ -77,16 +79,26 @@ def select_notebooks(only: list[str] | None) -> list[str]:
     return chosen
 
 
-def preflight(prof: dict, names: list[str]) -> dict[str, dict]:
+def preflight(prof: dict, names: list[str], engine: bool = True) -> dict[str, dict]:
     """Every notebook's parameters checked before anything runs: names, types, then values.
 
     Names and types first, for all notebooks (instant); then the values, which for engine settings
-    and block sizes import the installed vLLM (seconds). Returns each notebook's parameters.
+    and block sizes import the installed vLLM (seconds; ``engine_preflight``, unless ``engine`` is
+    False). Returns each notebook's parameters.
     """
     plan = {n: notebook_params(prof, n) for n in names}
     src = str(prof.get("_path", "<profile>"))
     for n in names:
         check_values(n, plan[n], source=f"{src}: {n}", engine=False)
+    if engine:
+        engine_preflight(prof, plan)
+    return plan
+
+
+def engine_preflight(prof: dict, plan: dict[str, dict]) -> None:
+    """The value checks that import vLLM (engine settings, block sizes), for every notebook."""
+    src = str(prof.get("_path", "<profile>"))
+    names = list(plan)
     import warnings
 
     from .console import quiet_vllm_import
@@ -96,7 +108,6 @@ def preflight(prof: dict, names: list[str]) -> dict[str, dict]:
         with quiet_vllm_import():
             for n in names:
                 check_values(n, plan[n], source=f"{src}: {n}", engine=True)
-    return plan
 
 
 WARM_UP_LOG = "warm-up.log"
@@ -175,8 +186,9 @@ def run_workbook(
 ) -> Path:
     """Run notebooks in order; return the run folder. A notebook already executed is skipped on resume.
 
-    Every parameter of every notebook is checked before the run folder is made, so a bad input
-    leaves nothing behind. Each call of a notebook is recorded in ``run.json`` (its seconds and
+    Every parameter of every notebook is checked before any notebook runs, and a bad input leaves
+    nothing behind: the run folder is made after the checks, or, where the first notebook's kernel
+    starts during them (``tunebook.early``: GPU nodes), removed again with that kernel. Each call of a notebook is recorded in ``run.json`` (its seconds and
     status), and calls accumulate over resumes. So is the runner itself (``runner``: its seconds
     from ``started``, the epoch time it began, default now, and how many of them the notebooks
     took): its imports, the profile check that imports vLLM, and the report hold the device too.
@@ -186,16 +198,32 @@ def run_workbook(
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
     warm = start_warm_up(_models(prof, names))
+    ahead = run_dir = made = None
     try:
-        plan = preflight(prof, names)
-        log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
+        plan = preflight(prof, names, engine=False)
         run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
-        run_dir = claim_run_dir(runs_dir, run_id, resume)
+        if early.wanted():
+            # The first notebook's kernel prepares (tunebook.early) while vLLM is imported here
+            # for the value checks; a check that fails removes the run folder again.
+            target = Path(runs_dir).resolve() / run_id
+            new = next((d for d in (*reversed(target.parents), target) if not d.exists()), None)
+            run_dir = claim_run_dir(runs_dir, run_id, resume)
+            made = new
+            todo = _todo(names, _state(run_dir), resume)
+            ahead = _start_early(todo[0], plan, run_dir, None) if todo else None
+        engine_preflight(prof, plan)
+        log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
+        if run_dir is None:
+            run_dir = claim_run_dir(runs_dir, run_id, resume)
     except BaseException:
+        if ahead is not None:
+            ahead.discard()
+        if made is not None:  # a run that never started leaves nothing
+            shutil.rmtree(made, ignore_errors=True)
         finish_warm_up(warm, None, started)
         raise
     state_path = run_dir / "run.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    state = _state(run_dir)
     state.update(run_id=run_id, profile=str(prof["_path"]), python=sys.version.split()[0])
     state.setdefault("notebooks", {})
     before = _calls_seconds(state)
@@ -225,7 +253,7 @@ def run_workbook(
         tee = _tee(log, run_log)
         try:
             with stop_on_signal():  # SIGINT/SIGTERM stop the run, even where inherited ignored
-                _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log)
+                _run_notebooks(names, plan, run_dir, state, state_path, resume, tee, run_log, ahead)
         except NotebookFailed:
             warm_up_done(tee)
             if report:  # what did run is worth reading: the report says which notebook stopped
@@ -241,6 +269,17 @@ def run_workbook(
             warm_up_done(tee)
             record()
     return run_dir
+
+
+def _state(run_dir: Path) -> dict:
+    path = run_dir / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _todo(names: list[str], state: dict, resume: bool) -> list[str]:
+    """The notebooks this call runs: all of them, or on resume those not done yet."""
+    done = state.get("notebooks", {})
+    return [n for n in names if not (resume and done.get(n, {}).get("status") == "ok")]
 
 
 def _models(prof: dict, names: list[str]) -> list[str]:
@@ -324,7 +363,7 @@ def _failure(name: str, e: Exception, out_nb: Path) -> str:
 
 
 def _run_notebooks(
-    names, plan, run_dir: Path, state: dict, state_path: Path, resume, log, run_log
+    names, plan, run_dir: Path, state: dict, state_path: Path, resume, log, run_log, ahead=None
 ) -> None:
     import papermill as pm
 
@@ -340,11 +379,12 @@ def _run_notebooks(
     pm_log = logging.getLogger("papermill")
     known = _KnownParameters({k for p in plan.values() for k in p} | {"run_dir"})
     pm_log.addFilter(known)
+    todo = _todo(names, state, resume)
+    # ahead: the next notebook's kernel, started early (tunebook.early)
     try:
         with StderrFilter(run_log) as err:
             for name in names:
-                done = state["notebooks"].get(name, {}).get("status") == "ok"
-                if resume and done:
+                if name not in todo:
                     log(f"[tunebook] {name}: done in an earlier run, skipped (resume)")
                     continue
                 params = {**plan[name], "run_dir": str(run_dir)}
@@ -352,9 +392,19 @@ def _run_notebooks(
                 log(f"[tunebook] {name}: running -> {out_nb}")
                 started = dt.datetime.now().isoformat(timespec="seconds")
                 t0 = time.perf_counter()
-                os.environ[CALL_START_ENV] = repr(time.time())  # the kernel inherits it
+                call_start = time.time()
+                os.environ[CALL_START_ENV] = repr(call_start)  # a kernel started now inherits it
                 call = {"started": started, "status": "running"}
+                mine = ahead if ahead is not None and ahead.notebook == name else None
+                if ahead is not None and mine is None:
+                    ahead.discard()
+                ahead = None
+                nxt = todo.index(name) + 1
                 try:
+                    if mine is not None:
+                        call["early_kernel"] = _hand_over(mine, call_start, run_log)
+                    if nxt < len(todo):
+                        ahead = _start_early(todo[nxt], plan, run_dir, run_log)
                     with ProgressLine(name, run_dir / name / PROGRESS_FILE, run_log):
                         pm.execute_notebook(
                             str(NOTEBOOKS_DIR / f"{name}.ipynb"),
@@ -364,6 +414,7 @@ def _run_notebooks(
                             progress_bar=False,
                             log_output=False,
                             kernel_name="python3",
+                            **({"km": mine.km} if mine and mine.km else {}),
                         )
                     call["status"] = "ok"
                 except KeyboardInterrupt:
@@ -383,6 +434,8 @@ def _run_notebooks(
                     log(f"[tunebook] {name}: FAILED: {call['error']}")
                     raise NotebookFailed(call["error"]) from None
                 finally:
+                    if mine is not None:  # papermill stops only kernels it started itself
+                        mine.shut_down()
                     os.environ.pop(CALL_START_ENV, None)
                     call["seconds"] = time.perf_counter() - t0
                     entry = _record_call(state, name, call)
@@ -397,7 +450,41 @@ def _run_notebooks(
                     )
                 )
     finally:
+        if ahead is not None:  # the run stopped before that notebook's turn
+            ahead.discard()
         pm_log.removeFilter(known)
+
+
+def _start_early(name: str, plan: dict, run_dir: Path, run_log):
+    """The kernel of ``name``, started now to prepare while the current notebook runs (None where
+    not wanted, or if it does not start: the notebook then gets a kernel of its own)."""
+    if not early.wanted():
+        return None
+    try:
+        return early.EarlyKernel.start(
+            name, {**plan[name], "run_dir": str(run_dir)}, NOTEBOOKS_DIR, run_dir
+        )
+    except Exception as e:
+        if run_log is not None:
+            run_log.write(f"[tunebook] {name}: its kernel did not start early ({e})\n")
+        return None
+
+
+def _hand_over(mine, call_start: float, run_log) -> dict:
+    """Take over the kernel started early for this notebook; if its preparation failed, stop it
+    (the notebook then runs in a kernel of its own, and says what is wrong)."""
+    try:
+        info = mine.hand_over(call_start)
+    except Exception as e:
+        info = {"prepare": f"{type(e).__name__}: {e}"}
+    if info["prepare"] != "ok":
+        mine.discard()
+    run_log.write(
+        f"[tunebook] {mine.notebook}: kernel started {info.get('started_before_s', '?')} s"
+        f" early; waited {info.get('waited_s', '?')} s for it; preparation {info['prepare']}\n"
+    )
+    run_log.flush()
+    return info
 
 
 def write_report(run_dir: str | Path) -> Path:
