@@ -186,3 +186,27 @@ def test_begin_takes_over_what_prepare_started(tmp_path, monkeypatch):
     log = (run_dir / "02_block_size_sweep" / "logs" / "engine.log").read_text()
     assert "printed while it prepared" in log
     assert "02_block_size_sweep" not in tbn._PREPARED
+
+
+def test_ctrl_c_stops_the_notebook_and_the_kernel_started_for_the_next(tmp_path, stand_ins):
+    import signal
+    import threading
+
+    nb_dir, prof = stand_ins
+    _notebook(nb_dir / "00_baseline.ipynb", ["import time\ntime.sleep(60)"])
+    _notebook(nb_dir / "02_block_size_sweep.ipynb", _recording(tmp_path / "02.json"))
+    runs = tmp_path / "runs"
+    timer = threading.Timer(8.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises((KeyboardInterrupt, NotebookFailed)):
+            run_workbook(
+                str(prof), "r", ["00", "02"], runs_dir=runs, report=False, log=lambda _: None
+            )
+    finally:
+        timer.cancel()
+    state = json.loads((runs / "r" / "run.json").read_text())
+    assert state["notebooks"]["00_baseline"]["status"] == "interrupted"
+    assert not (tmp_path / "02.json").exists()
+    assert not (runs / "r" / "02_block_size_sweep").exists()
+    assert not _kernels()
