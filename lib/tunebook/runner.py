@@ -188,10 +188,11 @@ def run_workbook(
 
     Every parameter of every notebook is checked before any notebook runs, and a bad input leaves
     nothing behind: the run folder is made after the checks, or, where the first notebook's kernel
-    starts during them (``tunebook.early``: GPU nodes), removed again with that kernel. Each call of a notebook is recorded in ``run.json`` (its seconds and
-    status), and calls accumulate over resumes. So is the runner itself (``runner``: its seconds
-    from ``started``, the epoch time it began, default now, and how many of them the notebooks
-    took): its imports, the profile check that imports vLLM, and the report hold the device too.
+    starts during them (``tunebook.early``: GPU nodes), removed again with that kernel. Each call
+    of a notebook is recorded in ``run.json`` (its seconds and status), and calls accumulate over
+    resumes. So is the runner itself (``runner``: its seconds from ``started``, the epoch time it
+    began, default now, and how many of them the notebooks took): its imports, the profile check
+    that imports vLLM, and the report hold the device too.
     """
     started = time.time() if started is None else started
     profile = profile or detect_profile()
