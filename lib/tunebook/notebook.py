@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from . import console, cost, isolation, launcher, profiles
+from .results import first_missing
 
 # Set by the runner for each notebook call: the wall clock at the call's start (epoch seconds).
 CALL_START_ENV = "TUNEBOOK_CALL_START"
@@ -38,7 +39,7 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
     profiles.check_injected(ns, notebook, engine=False)  # names and types: no vLLM needed
     run_dir = profiles.run_folder(ns.get("run_dir", ""))
     nb_dir = Path(run_dir) / notebook
-    made = next((d for d in (*reversed(nb_dir.parents), nb_dir) if not d.exists()), None)
+    made = first_missing(nb_dir)
     pre = _PREPARED.pop(notebook, None)  # what ``prepare`` did before the notebook ran
     if pre is not None:
         made = made or pre["made"]
@@ -108,7 +109,7 @@ def prepare(notebook: str, params: dict) -> None:
     if not launcher.wants_prestart():
         return
     nb_dir = Path(profiles.run_folder(params.get("run_dir", ""))) / notebook
-    made = next((d for d in (*reversed(nb_dir.parents), nb_dir) if not d.exists()), None)
+    made = first_missing(nb_dir)
     log = _temp_log(notebook)
     console.capture_engine_log(log)
     _PREPARED[notebook] = {"log": log, "made": made}

@@ -23,6 +23,13 @@ from .errors import ConfigError
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")  # "=" for grid() names: block_size=32
 
 
+def first_missing(path: str | Path) -> Path | None:
+    """The outermost folder of ``path`` (or ``path`` itself) that does not exist yet: what making
+    ``path`` creates, and so what to remove to leave nothing behind. None if it exists."""
+    path = Path(path)
+    return next((d for d in (*reversed(path.parents), path) if not d.exists()), None)
+
+
 def safe_name(name: str, what: str = "name") -> str:
     """Reject names that could escape the run folder or be awkward as file names."""
     if not isinstance(name, str) or not _SAFE.match(name) or ".." in name:

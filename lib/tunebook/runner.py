@@ -31,7 +31,7 @@ from .profiles import (
     load_profile,
     notebook_params,
 )
-from .results import atomic_write_text, safe_name
+from .results import atomic_write_text, first_missing, safe_name
 
 RUNS_DIR = REPO_ROOT / "runs"
 
@@ -206,8 +206,7 @@ def run_workbook(
         if early.wanted():
             # The first notebook's kernel prepares (tunebook.early) while vLLM is imported here
             # for the value checks; a check that fails removes the run folder again.
-            target = Path(runs_dir).resolve() / run_id
-            new = next((d for d in (*reversed(target.parents), target) if not d.exists()), None)
+            new = first_missing(Path(runs_dir).resolve() / run_id)
             run_dir = claim_run_dir(runs_dir, run_id, resume)
             made = new
             todo = _todo(names, _state(run_dir), resume)
