@@ -1,7 +1,7 @@
 """How many streamed requests a second can tunebook's own load generator keep on schedule?
 
 A served point is only a measurement of the server while the client keeps its Poisson schedule
-(``tunebook.loadgen.client_check``: send-lag p99 <= ``LAG_OK_MS``). The H200 runs offered up to
+(``tunebook.measure.loadgen.client_check``: send-lag p99 <= ``LAG_OK_MS``). The H200 runs offered up to
 ~1024 req/s x 128 streamed tokens a request; this benchmark asks whether the client itself could
 go higher, and with how many worker processes.
 
@@ -165,7 +165,7 @@ class Stub:
         return total
 
     def close(self) -> None:
-        from tunebook.isolation import kill_group
+        from tunebook.engine.isolation import kill_group
 
         for p in self.procs:
             kill_group(p)
@@ -174,8 +174,8 @@ class Stub:
 # --------------------------------------------------------------------------- one rate
 def requests_at(rate: float, step: int, duration_s: float, vocab: int) -> list:
     """The client requests ``served.Deployment.run`` would send for this rate of a search."""
-    from tunebook.loadgen import ClientRequest
-    from tunebook.served import rate_workload
+    from tunebook.measure.loadgen import ClientRequest
+    from tunebook.measure.served import rate_workload
 
     search = {"duration_s": duration_s, "min_requests": 1, "max_requests": 10**7}
     wl = rate_workload(WORKLOAD, rate, step, search, vocab)
@@ -187,8 +187,8 @@ def requests_at(rate: float, step: int, duration_s: float, vocab: int) -> list:
 
 
 def measure(client, stub: Stub, reqs: list, rate: float, workers: int) -> dict:
-    from tunebook.points import sampling_kwargs
-    from tunebook.served import _span_s
+    from tunebook.core.points import sampling_kwargs
+    from tunebook.measure.served import _span_s
 
     cpu0 = stub.cpu_s()
     t0 = time.perf_counter()
@@ -260,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import aiohttp
 
-    from tunebook.loadgen import LAG_OK_MS, LoadGenerator
-    from tunebook.model import load_shape
+    from tunebook.core.model import load_shape
+    from tunebook.measure.loadgen import LAG_OK_MS, LoadGenerator
 
     vocab = load_shape(MODEL).vocab_size
     stub = Stub(args.stub_procs, args.tpot_ms, args.tokens_per_chunk)

@@ -47,7 +47,7 @@ def abba(args, prof: dict, wl, out_tokens: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from served_overhead import abba_order, bootstrap_ratio, paired_ratio, verdict
 
-    from tunebook.engine import Engine, vllm_version
+    from tunebook.measure.execute import Engine, vllm_version
 
     order = abba_order(args.abba)
     point = {
@@ -129,11 +129,11 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench/harness_overhead.json")
     args = ap.parse_args()
 
-    from tunebook.engine import Engine, vllm_version
-    from tunebook.metrics import spread
-    from tunebook.model import load_shape
-    from tunebook.profiles import engine_base
-    from tunebook.workloads import make_workload
+    from tunebook.core.metrics import spread
+    from tunebook.core.model import load_shape
+    from tunebook.core.workloads import make_workload
+    from tunebook.measure.execute import Engine, vllm_version
+    from tunebook.workbench.profiles import engine_base
 
     prof = {**PROFILES[args.profile], **engine_base(args.profile)}
     wl = make_workload(prof["workload"], vocab_size=load_shape(prof["model"]).vocab_size)

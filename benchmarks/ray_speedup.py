@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster of this process
-    from tunebook import ray_executor
-    from tunebook.sweep import make_points, run_sweep
+    from tunebook.measure import ray_executor
+    from tunebook.measure.sweep import make_points, run_sweep
 
     ray = ray_executor.import_ray()
     base = {

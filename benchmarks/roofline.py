@@ -70,7 +70,7 @@ def main() -> None:
     if args.reanalyse:
         report(reanalyse(Path(args.out)), Path(args.out))
         return
-    from tunebook.profiles import engine_base
+    from tunebook.workbench.profiles import engine_base
 
     prof = {**PROFILES[args.profile], **engine_base(args.profile)}
     out = Path(args.out)
@@ -105,13 +105,13 @@ def say(msg: str) -> None:
 
 
 def measure(prof: dict, args, out: Path) -> dict:
-    from tunebook.engine import Engine, parse_log, vllm_version
-    from tunebook.model import load_shape
-    from tunebook.roofline import (
+    from tunebook.core.model import load_shape
+    from tunebook.core.workloads import make_workload
+    from tunebook.measure.execute import Engine, parse_log, vllm_version
+    from tunebook.topics.roofline import (
         load_trace,
         step_phases,
     )
-    from tunebook.workloads import make_workload
 
     shape = load_shape(prof["model"])
     peak, bw = prof["peak_tflops"], prof["hbm_tb_s"]
@@ -201,9 +201,9 @@ def measure(prof: dict, args, out: Path) -> dict:
 
 def build_rows(prof: dict, shape, decode: dict, prefill: dict, runs: list[dict]) -> list[dict]:
     """One row per batch size and prompt length: step time, floor, fraction, GPU share."""
-    from tunebook.metrics import spread
-    from tunebook.prefill import prefill_floor_ms
-    from tunebook.roofline import decode_floor_ms, decode_runs, prefill_runs
+    from tunebook.core.metrics import spread
+    from tunebook.topics.prefill import prefill_floor_ms
+    from tunebook.topics.roofline import decode_floor_ms, decode_runs, prefill_runs
 
     peak, bw = prof["peak_tflops"], prof["hbm_tb_s"]
     rows: list[dict] = []
@@ -254,8 +254,8 @@ def build_rows(prof: dict, shape, decode: dict, prefill: dict, runs: list[dict])
 
 def reanalyse(folder: Path) -> dict:
     """Rebuild the rows of a saved result from its raw timings and trace (no engine)."""
-    from tunebook.model import load_shape
-    from tunebook.roofline import load_trace, step_phases
+    from tunebook.core.model import load_shape
+    from tunebook.topics.roofline import load_trace, step_phases
 
     result = json.loads((folder / "roofline.json").read_text())
     prof = {**PROFILES[result["profile"]], "peak_tflops": result["peak_tflops"],

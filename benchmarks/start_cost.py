@@ -12,7 +12,7 @@ or ``.log.gz``), in start order, with the phases vLLM itself logs: model loading
 (and whether its graph was compiled or loaded from the cache), CUDA graph capture, the engine's
 whole init, and the seconds from the server's first log line to "Starting vLLM server".
 
-``--measure`` (real engines): starts of one configuration through ``tunebook.served.Deployment``,
+``--measure`` (real engines): starts of one configuration through ``tunebook.measure.served.Deployment``,
 alternating a cold start (fresh, empty cache folders: ``VLLM_CACHE_ROOT``,
 ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) and a warm one (folders that an earlier start
 filled). The first start fills the warm folders and is itself cold: order C W C W ...; each start
@@ -28,7 +28,7 @@ API server from tunebook's launcher (what served points do), so only the engine 
 
 ``--measure --arms launcher``: every start warm, alternating how the API server itself starts:
 ``spawned`` (a new ``vllm serve`` process that imports vLLM, torch and the server) and ``forked``
-(``tunebook.launcher``: a process that imported them once forks the server), ABBA after one
+(``tunebook.engine.launcher``: a process that imported them once forks the server), ABBA after one
 filling start, which is forked so that the launcher's one import (``launcher_ready_s``, paid once
 per environment and sweep process) is reported apart. ``--engine-core fork`` applies to both.
 ``--measure --arms isolated``: the same question for an isolated in-process point (what the
@@ -193,7 +193,7 @@ def measure_isolated(args) -> dict:
     from the engine launcher; ABBA after one filling forked point. Whole point, seconds."""
     import os
 
-    from tunebook.engine import run_point
+    from tunebook.measure.execute import run_point
 
     settings = json.loads(args.settings) if args.settings else {}
     root = Path(args.work_dir or tempfile.mkdtemp(prefix="start-cost-"))
@@ -240,7 +240,7 @@ def measure_isolated(args) -> dict:
 
 
 def measure(args) -> dict:
-    from tunebook.served import Deployment
+    from tunebook.measure.served import Deployment
 
     if args.arms == "isolated":
         return measure_isolated(args)
@@ -286,7 +286,7 @@ def measure(args) -> dict:
             row["start_s"] = dep.start_s
             row["server_start"] = dep.server_start  # "spawned" where a forked start failed
             if args.requests:
-                from tunebook.engine import workload_of
+                from tunebook.measure.execute import workload_of
 
                 dep.warmup(2)
                 m = dep.run(workload_of(dep.point))["metrics"]
@@ -326,7 +326,7 @@ def measure(args) -> dict:
 
 def launcher_ready_s() -> list[float]:
     """Seconds each launcher of this process took to import vLLM's CLI (once per environment)."""
-    from tunebook import launcher
+    from tunebook.engine import launcher
 
     return [x.ready_s for x in launcher._LAUNCHERS.values() if x.ready_s is not None]
 

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: tunebook (.venv)
 #     language: python
@@ -45,12 +45,12 @@ os.environ.setdefault(
 import pandas as pd
 
 import tunebook as tb
-import tunebook.baseline as bl
-import tunebook.claims as claims
-import tunebook.engine as engine
-import tunebook.plots as plots
-import tunebook.workbook
-from tunebook.model import load_shape
+import tunebook.core.claims as claims
+import tunebook.measure.execute as engine
+import tunebook.topics.baseline as bl
+import tunebook.topics.plots as plots
+import tunebook.workbench.workbook
+from tunebook.core.model import load_shape
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -80,9 +80,9 @@ claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article
 # %%
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/00_baseline/logs/engine.log.
-import tunebook.notebook
+import tunebook.workbench.notebook
 
-run_dir = tunebook.notebook.begin(globals(), "00_baseline")
+run_dir = tunebook.workbench.notebook.begin(globals(), "00_baseline")
 
 # %% [markdown]
 # Derived values: the platform, the model's shape, the two configurations.
@@ -323,4 +323,4 @@ claims.table(verdicts)
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "00_baseline")
+tunebook.workbench.notebook.end(run_dir, "00_baseline")

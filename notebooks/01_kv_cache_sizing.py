@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: tunebook (.venv)
 #     language: python
@@ -53,12 +53,12 @@ os.environ.setdefault(
 import pandas as pd
 
 import tunebook as tb
-import tunebook.claims as claims
-import tunebook.engine as engine
-import tunebook.kvcache as kv
-import tunebook.plots as plots
-import tunebook.workbook
-from tunebook.model import load_shape
+import tunebook.core.claims as claims
+import tunebook.measure.execute as engine
+import tunebook.topics.kvcache as kv
+import tunebook.topics.plots as plots
+import tunebook.workbench.workbook
+from tunebook.core.model import load_shape
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -94,12 +94,12 @@ prefix_repeats: int = 1  # engine starts per (prefix caching, share) point
 # %%
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/01_kv_cache_sizing/logs/engine.log.
-import tunebook.notebook
+import tunebook.workbench.notebook
 
 # On a GPU node the random-init checkpoint (section 3) is written by a process of its own while
 # the parameters are checked and vLLM is imported, rather than after, before the first engine.
 early_checkpoint = kv.prepare_random_init(model) if drift_random_init else None
-run_dir = tunebook.notebook.begin(globals(), "01_kv_cache_sizing")
+run_dir = tunebook.workbench.notebook.begin(globals(), "01_kv_cache_sizing")
 
 # %% [markdown]
 # Derived values.
@@ -480,4 +480,4 @@ claims.table(verdicts)
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "01_kv_cache_sizing")
+tunebook.workbench.notebook.end(run_dir, "01_kv_cache_sizing")

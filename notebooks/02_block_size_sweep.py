@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: tunebook (.venv)
 #     language: python
@@ -45,9 +45,11 @@ import os
 import pandas as pd
 from IPython.display import display
 
-from tunebook import blocksize, claims, engine, plots, prefill
-from tunebook.sweep import grid
-from tunebook.workbook import Workbook
+from tunebook.core import claims
+from tunebook.measure import execute as engine
+from tunebook.measure.sweep import grid
+from tunebook.topics import blocksize, plots, prefill
+from tunebook.workbench.workbook import Workbook
 
 pd.set_option("display.max_colwidth", 160)
 
@@ -73,9 +75,9 @@ backend_repeats: int = 1  # engine starts per attention_backend value
 # %%
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/02_block_size_sweep/logs/engine.log.
-import tunebook.notebook
+import tunebook.workbench.notebook
 
-run_dir = tunebook.notebook.begin(globals(), "02_block_size_sweep")
+run_dir = tunebook.workbench.notebook.begin(globals(), "02_block_size_sweep")
 
 # %%
 if not isolate:  # in-process engines log into this notebook; isolated ones log to files, which
@@ -298,4 +300,4 @@ print(claims.headline(verdicts[0]))
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "02_block_size_sweep")
+tunebook.workbench.notebook.end(run_dir, "02_block_size_sweep")

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: tunebook (.venv)
 #     language: python
@@ -51,9 +51,11 @@ import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from tunebook import claims, engine, plots, prefill
-from tunebook.sweep import grid
-from tunebook.workbook import Workbook
+from tunebook.core import claims
+from tunebook.measure import execute as engine
+from tunebook.measure.sweep import grid
+from tunebook.topics import plots, prefill
+from tunebook.workbench.workbook import Workbook
 
 pd.set_option("display.max_colwidth", 160)
 
@@ -88,9 +90,9 @@ hbm_tb_s: Optional[float] = None  # memory bandwidth of the device (TB/s), for t
 # %%
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/03_prefill_scaling/logs/engine.log.
-import tunebook.notebook
+import tunebook.workbench.notebook
 
-run_dir = tunebook.notebook.begin(globals(), "03_prefill_scaling")
+run_dir = tunebook.workbench.notebook.begin(globals(), "03_prefill_scaling")
 
 # %%
 if not isolate:  # in-process engines log into this notebook; isolated ones log to files, which
@@ -373,4 +375,4 @@ for v in verdicts:
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "03_prefill_scaling")
+tunebook.workbench.notebook.end(run_dir, "03_prefill_scaling")

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: tunebook (.venv)
 #     language: python
@@ -28,7 +28,7 @@
 # 2. Levers: every configuration is served as users are served (`vllm serve`, streamed OpenAI
 #    completions from a multi-process client that reports its own lag) and judged by its
 #    **capacity under the SLO**: the highest Poisson request rate at which the SLO holds
-#    (`tunebook.metrics.slo_text`), found by doubling the rate until the SLO breaks, then
+#    (`tunebook.core.metrics.slo_text`), found by doubling the rate until the SLO breaks, then
 #    bisecting, on one engine start per configuration and repeat. Starts are interleaved
 #    (A B C A B C) and repeated; a gap counts only beyond the noise (`metrics.compare`).
 #
@@ -44,9 +44,11 @@ import os
 import pandas as pd
 from IPython.display import display
 
-from tunebook import claims, engine, headroom
-from tunebook.metrics import slo_text
-from tunebook.workbook import Workbook
+from tunebook.core import claims
+from tunebook.core.metrics import slo_text
+from tunebook.measure import execute as engine
+from tunebook.topics import headroom
+from tunebook.workbench.workbook import Workbook
 
 pd.set_option("display.max_colwidth", 160)
 pd.set_option("display.width", 200)
@@ -72,16 +74,16 @@ workload: dict = {"kind": "fixed", "prompt_len": 64, "output_len": 16, "seed": 3
 slo_ttft_ms: float = 2000.0  # each request's time to first token at most this
 slo_tpot_ms: float = 200.0  # each request's time per output token at most this
 slo_attainment_pct: float = 99.0  # the SLO holds when this share of requests meets both
-search: dict = {"start_rps": 2.0, "duration_s": 3.0, "min_requests": 8, "bisect_steps": 1, "max_rps": 256.0}  # capacity search (tunebook.served.SEARCH_DEFAULTS)
+search: dict = {"start_rps": 2.0, "duration_s": 3.0, "min_requests": 8, "bisect_steps": 1, "max_rps": 256.0}  # capacity search (tunebook.measure.served.SEARCH_DEFAULTS)
 client_workers: int = 1  # load-generator processes
 # fmt: on
 
 # %%
 # Parameters checked (names, types, values: papermill itself only warns); from here on vLLM's log
 # goes to <run_dir>/04_engine_overhead/logs/engine.log.
-import tunebook.notebook
+import tunebook.workbench.notebook
 
-run_dir = tunebook.notebook.begin(globals(), "04_engine_overhead")
+run_dir = tunebook.workbench.notebook.begin(globals(), "04_engine_overhead")
 
 # %% [markdown]
 # Derived values: the platform, the model's shape, the SLO, the configurations.
@@ -195,4 +197,4 @@ for x in verdicts:
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "04_engine_overhead")
+tunebook.workbench.notebook.end(run_dir, "04_engine_overhead")

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: tunebook (.venv)
 #     language: python
@@ -25,7 +25,7 @@
 # vLLM's defaults (plus the profile's platform settings, such as the KV size the CPU backend needs)
 # and changes a setting only when a sweep that varied that setting alone shows a value better than
 # vLLM's default for the scenario's objective *beyond the noise* (the workbook's one rule,
-# `tunebook.metrics.compare`: the min-max ranges over engine starts are apart, and ranges that
+# `tunebook.core.metrics.compare`: the min-max ranges over engine starts are apart, and ranges that
 # clean would come apart by chance at most 10% of the time, which takes three starts a side), and
 # the SLO (p99 TTFT, median TPOT) must hold. Each setting's decision names
 # its notebook, sweep and figure, and whether the runner-up is within noise. The configuration is
@@ -51,17 +51,17 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-import tunebook.assemble as assemble
-import tunebook.claims as claims
-import tunebook.deployment as deployment
-import tunebook.engine as engine
-import tunebook.presets as presets
-import tunebook.results
-import tunebook.serve as serve
-import tunebook.workbook
-from tunebook.explorer import Explorer, decision_figure, ratio_bars
-from tunebook.model import load_shape
-from tunebook.profiles import NOTEBOOKS
+import tunebook.core.claims as claims
+import tunebook.core.results
+import tunebook.measure.execute as engine
+import tunebook.topics.assemble as assemble
+import tunebook.topics.presets as presets
+import tunebook.workbench.workbook
+from tunebook.core.model import load_shape
+from tunebook.deploy import writers
+from tunebook.engine import adapter, flags
+from tunebook.topics.explorer import Explorer, decision_figure, ratio_bars
+from tunebook.workbench.profiles import NOTEBOOKS
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -93,9 +93,9 @@ card_sizes_gib: list = [8, 12, 16, 24, 48, 80, 141]  # device memory of cards fo
 # %%
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/05_assemble_config/logs/engine.log.
-import tunebook.notebook
+import tunebook.workbench.notebook
 
-run_dir = tunebook.notebook.begin(globals(), "05_assemble_config")
+run_dir = tunebook.workbench.notebook.begin(globals(), "05_assemble_config")
 
 # %% [markdown]
 # Derived values: the scenario, the SLO, the output folder, the platform (imports vLLM once, so
@@ -211,8 +211,8 @@ else:
 # so the default would win. The writer spells a false boolean as `no-enable-prefix-caching: true`.
 
 # %%
-kwargs = assemble.deploy_kwargs(model, choice["settings"])
-files = assemble.write_config(out_dir, choice, kwargs, env=engine_env, served_model_name=model)
+kwargs = flags.deploy_kwargs(model, choice["settings"])
+files = writers.write_config(out_dir, choice, kwargs, env=engine_env, served_model_name=model)
 for name in ("serve.sh", "serve.yaml"):
     print(f"----- {files[name]}")
     print(files[name].read_text())
@@ -232,16 +232,16 @@ demo = {
     "max_num_seqs": 128,
     "compilation_config": {"mode": 0},
 }
-print(assemble.serve_command(demo, served_model_name="tiny-ernie"))
-print(assemble.yaml_config(demo, served_model_name="tiny-ernie"))
+print(flags.serve_command(demo, served_model_name="tiny-ernie"))
+print(flags.yaml_config(demo, served_model_name="tiny-ernie"))
 
 # %% [markdown]
 # Both forms, parsed by the installed vLLM's own `vllm serve` parser, must mean the settings of
 # `llm_kwargs.py` (a misspelt flag or a dropped boolean fails here, not at deployment).
 
 # %%
-ns_sh = serve.parse_serve_args(serve.serve_sh_args(files["serve.sh"]))
-ns_yaml = serve.parse_serve_args(["--config", str(files["serve.yaml"])])
+ns_sh = adapter.parse_serve_args(flags.serve_sh_args(files["serve.sh"]))
+ns_yaml = adapter.parse_serve_args(["--config", str(files["serve.yaml"])])
 rows = []
 for k, v in kwargs.items():
     if isinstance(v, dict | list):
@@ -268,7 +268,7 @@ print("serve.sh, serve.yaml and llm_kwargs.py agree under vLLM's parser:", misma
 # router).
 
 # %%
-served_choice = deployment.choose_deployment(run_dir)
+served_choice = capacity.choose_deployment(run_dir)
 if served_choice is None:
     print(
         "no capacity evidence in this run (notebook 04 did not run): the files above are the deployment"
@@ -277,10 +277,10 @@ else:
     display(pd.DataFrame(served_choice["ranking"]).round(3))
     print(f"{served_choice['status']}: {served_choice['reason']}")
     if served_choice["status"] == "changed":
-        served_kwargs = assemble.deploy_kwargs(
+        served_kwargs = flags.deploy_kwargs(
             model, {**choice["settings"], **served_choice["settings"]}
         )
-        deploy_files = deployment.write_deployment(
+        deploy_files = writers.write_deployment(
             Path(out_dir) / "deployment",
             {**choice, "served_choice": {k: v for k, v in served_choice.items() if k != "ranking"}},
             served_kwargs,
@@ -332,12 +332,12 @@ def run_validation(
         print("validation skipped (validate=False)")
         return pd.DataFrame()
     if validate_saved_only:
-        val = tunebook.results.load_sweep(out_dir / name)
+        val = tunebook.core.results.load_sweep(out_dir / name)
         print(
             f"validation: {len(val)} saved points reported, no engine started (validate_saved_only)"
         )
         return val
-    wb = tunebook.workbook.Workbook(
+    wb = tunebook.workbench.workbook.Workbook(
         run_dir, "05_assemble_config", model, engine_settings, engine_env, isolate=isolate
     )
     t0 = time.perf_counter()
@@ -362,7 +362,7 @@ def run_validation(
 
 served_val = None
 if validation_mode == "served":
-    served_configs = deployment.validation_configs(
+    served_configs = capacity.validation_configs(
         choice, served_choice, article, validation_configs, client_workers
     )
     served_workloads = {sc.name: workload} | {
@@ -545,4 +545,4 @@ display(Markdown("\n".join(lines)))
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
-tunebook.notebook.end(run_dir, "05_assemble_config")
+tunebook.workbench.notebook.end(run_dir, "05_assemble_config")

@@ -4,7 +4,7 @@
 
 Every point file with a ``requests`` list keeps its summary (settings, metrics, env, timeline ...)
 and gets ``<point>.requests.jsonl.gz`` beside it; tunebook reads both back as one point
-(``tunebook.results.load_point``). Idempotent.
+(``tunebook.core.results.load_point``). Idempotent.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tunebook.results import compact_point
+from tunebook.core.results import compact_point
 
 
 def main() -> None:

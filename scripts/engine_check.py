@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from tunebook.engine import platform_name
-from tunebook.model import load_shape
-from tunebook.sweep import make_points, run_sweep
+from tunebook.core.model import load_shape
+from tunebook.measure.execute import platform_name
+from tunebook.measure.sweep import make_points, run_sweep
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import papermill as pm
 
-from tunebook.profiles import NOTEBOOKS, NOTEBOOKS_DIR, load_profile, notebook_params
+from tunebook.workbench.profiles import NOTEBOOKS, NOTEBOOKS_DIR, load_profile, notebook_params
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden"
 

@@ -49,7 +49,7 @@ SMALL_WORKLOAD = {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_
 def engine_processes(tag: str | None = None) -> list:
     """Live processes of this test session that are (or were spawned by) a tunebook engine child.
 
-    A process counts if its command line contains ``tunebook.engine`` or it carries the session's
+    A process counts if its command line contains ``tunebook.measure.execute`` or it carries the session's
     tag and is not the pytest process or one of its direct helpers (scripts the tests run). Zombies
     are dead already and are not counted.
     """
@@ -63,8 +63,8 @@ def engine_processes(tag: str | None = None) -> list:
             if p.info["pid"] == me or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or [])
-            name = p.name() or ""  # a child forked by tunebook.launcher: its name says so
-            if "tunebook.engine" not in cmd and "EngineCore" not in name:
+            name = p.name() or ""  # a child forked by tunebook.engine.launcher: its name says so
+            if "tunebook.measure.execute" not in cmd and "EngineCore" not in name:
                 if name != "tunebook-engine":
                     continue
             if p.environ().get(TEST_TAG_ENV) == tag:
@@ -88,7 +88,7 @@ def kill_processes(procs) -> None:
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """The tiny ERNIE-4.5-shaped model, by name (resolves to models/tiny-ernie)."""
-    from tunebook.model import resolve_model_dir
+    from tunebook.core.model import resolve_model_dir
 
     assert (resolve_model_dir(TINY) / "config.json").is_file()
     return TINY
@@ -125,7 +125,7 @@ def write_sweep(folder: Path, points: list[dict]):
     """A synthetic sweep folder as a sweep leaves it: each point (``config`` and ``repeat``
     given; ``point_id``, ``status`` and ``error`` filled in when absent) written, then
     summary.csv. Returns the SweepDir. For tests of what reads results, not of vLLM."""
-    from tunebook.results import SweepDir
+    from tunebook.core.results import SweepDir
 
     sd = SweepDir(folder)
     for p in points:
@@ -139,6 +139,6 @@ def write_sweep(folder: Path, points: list[dict]):
 def _fresh_base_env(monkeypatch):
     """A test that runs a notebook's first cell (begin) fixes the environment engine processes
     start from for its process: not for the tests after it, which set variables of their own."""
-    from tunebook import isolation
+    from tunebook.engine import isolation
 
     monkeypatch.setattr(isolation, "_BASE_ENV", None)

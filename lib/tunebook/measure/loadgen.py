@@ -1,0 +1,375 @@
+"""The load generator of served mode: streamed OpenAI requests at their scheduled arrival times.
+
+A user of ``vllm serve`` sends HTTP requests and reads server-sent events; so does this client.
+Every request is sent at its Poisson arrival offset, streamed (``/v1/completions`` or
+``/v1/chat/completions``), and timed on the client side as vLLM's own ``vllm bench serve`` times
+it: TTFT from send to the first content chunk, ITL between chunks, TPOT = (last - first) /
+(output tokens - 1), E2E from send to the last chunk. Output tokens come from the final ``usage``
+(one chunk may carry several tokens with ``stream_interval`` > 1).
+
+One Python process parses only so many SSE chunks per second, so the schedule is split round robin
+over ``workers`` processes. Each measurement says whether the client kept its schedule: the lag
+of every send behind its scheduled time, and each worker's CPU use. A load generator that falls
+behind measures itself, not the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+LEAD_S = 0.5  # workers start their clocks together this long after the schedule is handed out
+LAG_OK_MS = 20.0  # a p99 send lag above this means the client, not the server, set the pace
+
+
+@dataclass
+class ClientRequest:
+    """One request as the client sends it. ``prompt`` is a list of token ids or a text."""
+
+    index: int
+    prompt: list | str
+    max_tokens: int
+    arrival_s: float
+    prompt_len: int = -1
+    tag: str = ""
+
+
+def request_body(req: ClientRequest, model: str, api: str, sampling: dict) -> dict:
+    """The OpenAI-compatible JSON body of one streamed request."""
+    body = {
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **{k: v for k, v in sampling.items() if k != "max_tokens"},
+    }
+    if api == "chat":
+        text = req.prompt if isinstance(req.prompt, str) else " ".join(map(str, req.prompt))
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = req.prompt
+    return body
+
+
+def parse_event(line: bytes) -> dict | None:
+    """One SSE line -> its JSON payload; None for keep-alives, blank lines and ``[DONE]``."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == b"[DONE]":
+        return None
+    return json.loads(data)
+
+
+def _has_content(ev: dict) -> bool:
+    for ch in ev.get("choices") or []:
+        if ch.get("text") is not None or (ch.get("delta") or {}).get("content") is not None:
+            return True
+        if (ch.get("delta") or {}).get("reasoning_content") is not None:
+            return True
+    return False
+
+
+def record_from_stamps(
+    req: ClientRequest, sent: float, stamps: list[float], usage: dict | None, lag_s: float
+) -> dict:
+    """A request record (the fields tunebook.core.metrics.summarize reads) from chunk arrival times."""
+    n_out = int((usage or {}).get("completion_tokens") or len(stamps))
+    rec = {
+        "request_id": str(req.index),
+        "tag": req.tag,
+        "prompt_tokens": int((usage or {}).get("prompt_tokens") or max(req.prompt_len, 0)),
+        "output_tokens": n_out if stamps else 0,
+        "lag_ms": 1e3 * lag_s,
+        "chunks": len(stamps),
+    }
+    if stamps:
+        rec["ttft_ms"] = 1e3 * (stamps[0] - sent)
+        rec["e2e_ms"] = 1e3 * (stamps[-1] - sent)
+        rec["itl_ms"] = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]
+        rec["tpot_ms"] = 1e3 * (stamps[-1] - stamps[0]) / (n_out - 1) if n_out > 1 else None
+    return rec
+
+
+async def _send_all(
+    url: str,
+    model: str,
+    api: str,
+    sampling: dict,
+    reqs: list[ClientRequest],
+    start_wall: float,
+    timeout_s: float,
+    max_concurrency: int | None = None,
+    stop: dict | None = None,
+) -> list[dict]:
+    """Send ``reqs`` on their schedule; one record per request, in request order.
+
+    ``stop`` = ``{"slo": {...}, "max_bad": k}``: once more than ``k`` finished requests broke
+    ``slo``, the outcome is decided (the SLO cannot hold), so requests not yet sent are not
+    sent and those in flight are cancelled (vLLM aborts a request whose client hung up). Their
+    records carry ``"stopped": True`` and no timings.
+    """
+    import aiohttp
+
+    from tunebook.core.metrics import meets_slo
+
+    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    # The schedule is in wall-clock time shared by all workers; waits use the monotonic clock.
+    t0 = time.perf_counter() + (start_wall - time.time())
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+        # As `vllm bench serve --max-concurrency`: a request waits for a free slot, then is sent.
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+        decided = asyncio.Event()
+        bad = 0
+        tasks: list[asyncio.Task] = []
+
+        def stopped(req: ClientRequest) -> dict:
+            return {
+                "request_id": str(req.index),
+                "tag": req.tag,
+                "prompt_tokens": max(req.prompt_len, 0),
+                "output_tokens": 0,
+                "chunks": 0,
+                "stopped": True,
+            }
+
+        async def one(req: ClientRequest) -> dict:
+            try:
+                due = t0 + req.arrival_s
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                if slots is None:
+                    return stopped(req) if decided.is_set() else await send(req, due)
+                async with slots:  # the lag counts from when the slot freed, not the schedule
+                    if decided.is_set():
+                        return stopped(req)
+                    return await send(req, max(due, time.perf_counter()))
+            except asyncio.CancelledError:  # cancelled below: the outcome was decided
+                return stopped(req)
+
+        def judge(rec: dict) -> None:
+            nonlocal bad
+            if stop is None or decided.is_set() or meets_slo(rec, stop["slo"]):
+                return
+            bad += 1
+            if bad > stop["max_bad"]:
+                decided.set()
+                me = asyncio.current_task()
+                for t in tasks:
+                    if t is not me and not t.done():
+                        t.cancel()
+
+        async def send(req: ClientRequest, due: float) -> dict:
+            sent = time.perf_counter()
+            stamps: list[float] = []
+            usage = None
+            try:
+                body = request_body(req, model, api, sampling)
+                async with session.post(url + path, json=body) as resp:
+                    if resp.status != 200:
+                        text = (await resp.text())[:300]
+                        raise RuntimeError(f"HTTP {resp.status}: {text}")
+                    async for line in resp.content:
+                        ev = parse_event(line)
+                        if ev is None:
+                            continue
+                        if ev.get("usage"):
+                            usage = ev["usage"]
+                        if _has_content(ev):
+                            stamps.append(time.perf_counter())
+                rec = record_from_stamps(req, sent, stamps, usage, sent - due)
+            except Exception as e:  # noqa: BLE001 - every failure is this request's record
+                rec = record_from_stamps(req, sent, stamps, usage, sent - due)
+                rec["error"] = f"{type(e).__name__}: {e}"[:300]
+            rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
+            judge(rec)
+            return rec
+
+        tasks.extend(asyncio.ensure_future(one(r)) for r in reqs)
+        return list(await asyncio.gather(*tasks))
+
+
+def _worker(args: tuple) -> tuple[list[dict], dict]:
+    """One client's share: send it on the schedule; return records and the client's own costs."""
+    url, model, api, sampling, reqs, start_wall, timeout_s, cap, stop = args
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    records = asyncio.run(
+        _send_all(url, model, api, sampling, reqs, start_wall, timeout_s, cap, stop)
+    )
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    return records, {"pid": os.getpid(), "cpu_s": cpu, "wall_s": wall, "requests": len(reqs)}
+
+
+def _serve_jobs() -> None:
+    """A worker process: per job, a JSON job line, then a start line once every worker has parsed
+    its job (``{"start_wall": ...}``); one JSON answer per job on stdout."""
+    import aiohttp  # noqa: F401 - imported before "ready", so no schedule waits on the import
+
+    sys.stdout.write(json.dumps({"ready": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    while line := sys.stdin.readline():
+        job = json.loads(line)
+        reqs = [ClientRequest(**r) for r in job["requests"]]
+        sys.stdout.write(json.dumps({"parsed": len(reqs)}) + "\n")
+        sys.stdout.flush()
+        job.update(json.loads(sys.stdin.readline()))
+        try:
+            records, costs = _worker(
+                (
+                    job["url"],
+                    job["model"],
+                    job["api"],
+                    job["sampling"],
+                    reqs,
+                    job["start_wall"],
+                    job["timeout_s"],
+                    job.get("max_concurrency"),
+                    job.get("stop"),
+                )
+            )
+            answer = {"records": records, "costs": costs}
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+class LoadGenerator:
+    """Client processes kept for the life of one deployment (all its rates).
+
+    Workers are plain ``python -m tunebook.measure.loadgen`` processes fed over pipes, not
+    multiprocessing children: those re-import the caller's ``__main__`` (a script without a
+    main guard would start a second deployment), and the sweep's process may hold an engine's
+    threads, which fork must not copy.
+    """
+
+    def __init__(self, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
+        self._procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tunebook.measure.loadgen"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
+            for _ in range(workers)
+        ]
+        for p in self._procs:  # a schedule must not start before its workers can send
+            if not p.stdout.readline():
+                raise RuntimeError(f"load-generator worker {p.pid} failed to start")
+
+    def run(
+        self,
+        url: str,
+        model: str,
+        requests: list[ClientRequest],
+        api: str = "completions",
+        sampling: dict | None = None,
+        timeout_s: float = 600.0,
+        max_concurrency: int | None = None,
+        stop: dict | None = None,
+    ) -> tuple[list[dict], dict]:
+        """Send ``requests`` on their schedule; return (records in request order, client check).
+
+        ``max_concurrency`` caps the requests in flight (split evenly over the workers).
+        ``stop`` (``{"slo", "max_bad"}``, see ``_send_all``) ends the run once more than
+        ``max_bad`` requests broke the SLO; each worker counts its own share's, so with several
+        workers the run ends later than it could, never earlier."""
+        shares = [requests[i :: self.workers] for i in range(self.workers)]
+        n_busy = sum(1 for s in shares if s)
+        cap = math.ceil(max_concurrency / n_busy) if max_concurrency and n_busy else None
+        busy = []
+        for proc, share in zip(self._procs, shares, strict=True):
+            if not share:
+                continue
+            job = {
+                "url": url,
+                "model": model,
+                "api": api,
+                "sampling": dict(sampling or {}),
+                # vars, not dataclasses.asdict: asdict deep-copies every prompt's token ids (~1 ms
+                # a 512-token request), seconds for a few thousand requests.
+                "requests": [vars(r) for r in share],
+                "timeout_s": timeout_s,
+                "max_concurrency": cap,
+                "stop": stop,
+            }
+            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.flush()
+            busy.append(proc)
+        # The clock starts once every worker holds its parsed share: handing out thousands of
+        # prompts takes longer than LEAD_S, and a schedule that starts during the handout sends
+        # its first requests late (the client's lag, not the server's).
+        for proc in busy:
+            if not proc.stdout.readline():
+                raise RuntimeError(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
+        start = json.dumps({"start_wall": time.time() + LEAD_S + 0.05 * self.workers}) + "\n"
+        for proc in busy:
+            proc.stdin.write(start)
+            proc.stdin.flush()
+        records, costs, errors = [], [], []
+        for proc in busy:  # every answer is read, so the pipes stay in step for the next run
+            line = proc.stdout.readline()
+            if not line:
+                errors.append(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
+                continue
+            answer = json.loads(line)
+            if "error" in answer:
+                errors.append(f"load-generator worker failed: {answer['error']}")
+                continue
+            records += answer["records"]
+            costs.append(answer["costs"])
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        records.sort(key=lambda r: int(r["request_id"]))
+        return records, client_check(records, costs, self.workers)
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+        self._procs = []
+
+    def __enter__(self) -> LoadGenerator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def client_check(records: list[dict], workers: list[dict], n_workers: int) -> dict:
+    """Did the client keep its schedule? Send-lag percentiles and the busiest worker's CPU share."""
+    from tunebook.core.metrics import percentile
+
+    lags = [r["lag_ms"] for r in records if "lag_ms" in r]
+    busiest = max((w["cpu_s"] / w["wall_s"] for w in workers if w["wall_s"] > 0), default=0.0)
+    p99 = percentile(lags, 99)
+    return {
+        "client": "tunebook.measure.loadgen (aiohttp, streamed)",
+        "client_workers": n_workers,
+        "lag_p50_ms": percentile(lags, 50),
+        "lag_p99_ms": p99,
+        "lag_max_ms": max(lags, default=float("nan")),
+        "client_cpu_busiest_pct": 100.0 * busiest,
+        "client_cpu_s": sum(w["cpu_s"] for w in workers),
+        "kept_schedule": bool(lags) and not math.isnan(p99) and p99 <= LAG_OK_MS,
+        "errors": sum(1 for r in records if r.get("error")),
+    }
+
+
+if __name__ == "__main__":
+    _serve_jobs()

@@ -1,0 +1,318 @@
+"""Block sizes: which ones the platform accepts, what each holds, costs and loses (notebook 02).
+
+Validity is found, not assumed: every candidate goes through the settings check first (which
+knows the rules vLLM states up front, e.g. CPU_ATTN's multiples of 32), and the ones it cannot
+rule out go to the engine itself. Prefix-cache hits are counted in whole blocks: a shared prefix
+of P tokens yields floor(P / block) * block cached tokens per later request, so bigger blocks lose
+the partial block at the end of the prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tunebook.core.errors import ConfigError
+from tunebook.core.metrics import compare, spread
+
+
+def screen(candidates: Iterable[int], settings: dict) -> list[dict]:
+    """Each candidate through the settings check (names, types and the platform's block rule)."""
+    from tunebook.engine.knobs import validate_settings
+
+    rows = []
+    for b in candidates:
+        try:
+            validate_settings({**settings, "block_size": b})
+            rows.append({"block_size": b, "settings check": "passed", "error": ""})
+        except ConfigError as e:
+            rows.append({"block_size": b, "settings check": "rejected", "error": str(e)})
+    return rows
+
+
+def passed(screened: list[dict]) -> list[int]:
+    return [r["block_size"] for r in screened if r["settings check"] == "passed"]
+
+
+def requested_block_size(point: dict) -> int | None:
+    return (point.get("settings") or {}).get("block_size")
+
+
+def validity(screened: list[dict], probe: list[dict]) -> list[dict]:
+    """The settings check's verdict, then the engine's for the sizes the check let through.
+
+    ``probe`` holds the point results of one engine start per size that passed the check. An
+    engine that starts but runs with another block size than asked is flagged.
+    """
+    by_size: dict[int, dict] = {}
+    for p in sorted(probe, key=lambda p: p.get("repeat") or 0):
+        b = requested_block_size(p)
+        if b is not None and b not in by_size:
+            by_size[b] = p
+    rows = []
+    for r in screened:
+        row = {"block_size": r["block_size"], "settings check": r["settings check"]}
+        if r["settings check"] == "rejected":
+            row.update(engine="not started", valid=False, error=r["error"])
+        else:
+            p = by_size.get(r["block_size"])
+            if p is None:
+                row.update(engine="not probed", valid=False, error="")
+            elif p.get("status") != "ok":
+                row.update(engine="rejected", valid=False, error=p.get("error") or "")
+            else:
+                used = (p.get("capacity") or {}).get("block_size")
+                if used is not None and used != r["block_size"]:
+                    row.update(
+                        engine=f"started with block_size {used}",
+                        valid=False,
+                        error=f"asked for {r['block_size']}, the engine used {used}",
+                    )
+                else:
+                    row.update(engine="started", valid=True, error="")
+        rows.append(row)
+    return rows
+
+
+def valid_sizes(rows: list[dict]) -> list[int]:
+    return [r["block_size"] for r in rows if r["valid"]]
+
+
+def floor_blocks(tokens: int, block_size: int) -> int:
+    """Tokens of a prefix that can be cache hits: whole blocks only."""
+    return (tokens // block_size) * block_size
+
+
+def warm_cached_tokens(requests: list[dict]) -> list[int]:
+    """Cached tokens of every request that is not the first of its prefix group (tag).
+
+    The first request with a prefix computes it; the later ones can hit. Requests without a tag
+    count as one group.
+    """
+    seen: set[str] = set()
+    out = []
+    for r in requests:
+        tag = r.get("tag") or ""
+        if tag in seen:
+            out.append(int(r.get("cached_tokens") or 0))
+        seen.add(tag)
+    return out
+
+
+_SPEED = (
+    "output_throughput_tok_s",
+    "total_token_throughput_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "prefix_cache_hit_rate_pct",
+)
+
+
+def per_point(results: list[dict], prefix_len: int | None = None):
+    """One row per finished point (from ``results.point_row``): block size, backend, capacity,
+    speed, latency, prefix hits."""
+    import pandas as pd
+
+    from tunebook.core.results import point_row
+
+    rows = []
+    for p in results:
+        if p.get("status") != "ok":
+            continue
+        flat, env = point_row(p), p.get("env") or {}
+        warm = warm_cached_tokens(p.get("requests") or [])
+        bs = flat.get("cap_block_size") or requested_block_size(p)
+        row = {
+            "config": p["config"],
+            "repeat": p["repeat"],
+            "block_size": bs,
+            "attention_backend (asked)": (p.get("settings") or {}).get("attention_backend")
+            or "default",
+            "attention_backend (used)": env.get("attention_backend") or "unknown",
+            "num_gpu_blocks": flat.get("cap_num_gpu_blocks"),
+            "kv_capacity_tokens": flat.get("cap_kv_capacity_tokens"),
+            **{k: flat.get(k) for k in _SPEED},
+            "cached_tokens_per_warm_request": (
+                float(sorted(warm)[len(warm) // 2]) if warm else float("nan")
+            ),
+            "warm_requests": len(warm),
+            "status": "ok",
+        }
+        if prefix_len is not None and bs:
+            row["arithmetic floor(prefix/block)*block"] = floor_blocks(prefix_len, int(bs))
+        rows.append(row)
+    if not rows:  # nothing valid or nothing finished: an empty frame with the usual columns
+        return pd.DataFrame(columns=PER_POINT_COLUMNS)
+    return pd.DataFrame(rows).sort_values(["block_size", "repeat"]).reset_index(drop=True)
+
+
+PER_POINT_COLUMNS = [
+    "config",
+    "repeat",
+    "block_size",
+    "attention_backend (asked)",
+    "attention_backend (used)",
+    "num_gpu_blocks",
+    "kv_capacity_tokens",
+    *_SPEED,
+    "cached_tokens_per_warm_request",
+    "warm_requests",
+    "status",
+]
+
+
+def summary(df, prefix_len: int | None = None):
+    """One row per block size: medians over engine starts with min-max, capacity, prefix hits."""
+    import pandas as pd
+
+    rows = []
+    for bs, g in df.groupby("block_size", sort=True):
+        thr = spread(g["output_throughput_tok_s"])
+        row = {
+            "block_size": int(bs),
+            "engine starts": len(g),
+            "kv_capacity_tokens": int(g["kv_capacity_tokens"].iloc[0]),
+            "num_gpu_blocks": int(g["num_gpu_blocks"].iloc[0]),
+            "output tok/s (median)": thr["median"],
+            "output tok/s (min-max)": f"{thr['min']:.0f}-{thr['max']:.0f}",
+            "TTFT p50 ms": spread(g["ttft_p50_ms"])["median"],
+            "TTFT p99 ms": spread(g["ttft_p99_ms"])["median"],
+            "TPOT p50 ms": spread(g["tpot_p50_ms"])["median"],
+            "TPOT p99 ms": spread(g["tpot_p99_ms"])["median"],
+            "cached tokens / warm request": spread(g["cached_tokens_per_warm_request"])["median"],
+        }
+        if prefix_len is not None:
+            row["floor(prefix/block)*block"] = floor_blocks(prefix_len, int(bs))
+            row["prefix tokens lost"] = prefix_len - row["floor(prefix/block)*block"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def granularity_check(df, prefix_len: int) -> list[dict]:
+    """Measured cached tokens per warm request against floor(prefix/block)*block, per size."""
+    out = []
+    for bs, g in df.groupby("block_size", sort=True):
+        measured = sorted({int(v) for v in g["cached_tokens_per_warm_request"].dropna()})
+        expect = floor_blocks(prefix_len, int(bs))
+        out.append(
+            {
+                "block_size": int(bs),
+                "measured": measured,
+                "expected": expect,
+                "match": measured == [expect],
+            }
+        )
+    return out
+
+
+def backend_rows(df):
+    """Throughput and latency per (asked, used) attention backend: median and range."""
+    import pandas as pd
+
+    rows = []
+    keys = ["attention_backend (asked)", "attention_backend (used)", "block_size"]
+    for k, g in df.groupby(keys, sort=False):
+        thr = spread(g["output_throughput_tok_s"])
+        rows.append(
+            {
+                **dict(zip(keys, k, strict=True)),
+                "engine starts": len(g),
+                "output tok/s (median)": thr["median"],
+                "output tok/s (min-max)": f"{thr['min']:.0f}-{thr['max']:.0f}",
+                "TTFT p50 ms": spread(g["ttft_p50_ms"])["median"],
+                "TPOT p50 ms": spread(g["tpot_p50_ms"])["median"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def speed_ranking(df, metric: str = "output_throughput_tok_s") -> dict:
+    """Fastest block size by median over engine starts, and every other size against it."""
+    thr = {int(b): g[metric].dropna().tolist() for b, g in df.groupby("block_size")}
+    med = {b: spread(v)["median"] for b, v in thr.items()}
+    best = max(med, key=med.get)
+    others = {b: compare(thr[best], v) for b, v in thr.items() if b != best}  # ratio other/best
+    return {"values": thr, "median": med, "best": best, "vs_best": others}
+
+
+def c4_verdict(
+    rows: list[dict],
+    df,
+    granularity: list[dict],
+    prefix_len: int,
+    evidence: str,
+    speed_meaningful: bool,
+    claimed: int = 16,
+) -> dict:
+    """C4 (block_size 16 is best; too small fragments, too large wastes), from measured figures.
+
+    refuted: 16 is not valid here, or another size is faster beyond the noise; confirmed: 16 is
+    faster than every other size beyond the noise; inconclusive: the gaps are within the noise.
+    """
+    from tunebook.core.claims import verdict
+
+    valid = valid_sizes(rows)
+    gran_ok = all(g["match"] for g in granularity)
+    lost = {g["block_size"]: prefix_len - g["expected"] for g in granularity}
+    caps = sorted({int(c) for c in df["kv_capacity_tokens"]}) if len(df) else []
+    gran_txt = (
+        f"Prefix hits come in whole blocks: a {prefix_len}-token shared prefix gave "
+        + ", ".join(
+            f"{g['block_size']}: {'/'.join(map(str, g['measured'])) or 'n/a'}" for g in granularity
+        )
+        + f" cached tokens per later request ({'exactly' if gran_ok else 'NOT'}"
+        f" floor(prefix/block)*block; up to {max(lost.values(), default=0)} tokens lost)."
+    )
+    cap_txt = (
+        f"KV capacity {caps[0]:,} tokens at every size."
+        if len(caps) == 1
+        else f"KV capacity {', '.join(f'{c:,}' for c in caps)} tokens (whole-block rounding)."
+    )
+    frag_txt = (
+        "'Too small fragments' does not hold for PagedAttention: a sequence wastes at most"
+        " block-1 slots in its last block, so smaller blocks waste less."
+    )
+    rank = speed_ranking(df) if len(df) else None
+    if rank:
+        med, best = rank["median"], rank["best"]
+        speed_txt = "output tok/s median " + ", ".join(f"{b}: {med[b]:,.0f}" for b in sorted(med))
+        gaps = "; ".join(
+            f"{b}: x{c['ratio']:.2f} of {best} ({c['noise']})"
+            for b, c in sorted(rank["vs_best"].items())
+        )
+        speed_txt += f" (fastest median: {best}; {gaps or 'one size only'})"
+        sp = "; ".join(
+            f"{b}: {spread(v)['min']:,.0f}-{spread(v)['max']:,.0f}"
+            for b, v in sorted(rank["values"].items())
+        )
+        sp = f"output tok/s min-max over engine starts: {sp}"
+    else:
+        speed_txt, sp = "no size measured", None
+    cpu_txt = (
+        "" if speed_meaningful else " CPU with a tiny model: speed figures say nothing about a GPU."
+    )
+
+    if claimed not in valid:
+        row = next((r for r in rows if r["block_size"] == claimed), None)
+        why = (row or {}).get("error") or "it was not among the candidates"
+        figure = f"block_size {claimed} is not valid here: {why.splitlines()[0][:200]}"
+        note = (
+            f"Valid sizes found: {', '.join(map(str, valid)) or 'none'}; {speed_txt}. {gran_txt}"
+            f" {cap_txt} {frag_txt}{cpu_txt}"
+        )
+        return verdict("C4", "refuted", figure, evidence, spread=sp, note=note)
+
+    vs16 = {
+        b: compare(rank["values"][claimed], v) for b, v in rank["values"].items() if b != claimed
+    }  # ratio other / 16
+    beaten = [b for b, c in vs16.items() if not c["within_noise"] and c["ratio"] > 1]
+    wins = all(not c["within_noise"] and c["ratio"] < 1 for c in vs16.values())
+    v = "refuted" if beaten else "confirmed" if wins and vs16 else "inconclusive"
+    figure = speed_txt
+    note = f"{gran_txt} {cap_txt} {frag_txt}{cpu_txt}"
+    if beaten:
+        note = f"faster than 16 beyond the noise: {', '.join(map(str, beaten))}. " + note
+    elif v == "inconclusive":
+        note = "No size differs from 16 beyond the spread over engine starts. " + note
+    return verdict("C4", v, figure, evidence, spread=sp, note=note)

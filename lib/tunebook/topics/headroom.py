@@ -1,0 +1,295 @@
+"""Notebook 04's helpers: is the engine host-bound, and which host-side lever lifts it?
+
+A small model's decode step is cheap on the GPU, so the step time is set by what the host does
+around it: scheduling, input preparation, sampling, detokenization and, for a served model, the
+API server that turns every token into an SSE chunk. The levers that act on that:
+
+- ``compilation_config.max_cudagraph_capture_size`` / ``cudagraph_capture_sizes``: a decode batch
+  larger than the largest captured size runs without a CUDA graph (vLLM 0.26 caps capture at 512);
+- ``max_num_seqs``: the batch width;
+- ``performance_mode``;
+- on the server path only: ``stream_interval`` (tokens per SSE chunk) and ``api_server_count``;
+- engine replicas per GPU, each with its share of the KV cache, behind vllm-router.
+
+Every configuration is judged by its *capacity under the SLO* (``served.search_rates``) over
+several engine starts, interleaved, and compared with vLLM's default by the one noise rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tunebook.core.metrics import compare, spread
+from tunebook.core.model import ModelShape
+from tunebook.topics.roofline import decode_floor_ms
+
+
+# --------------------------------------------------------------------------- configurations
+def replica_configs(counts, kv_bytes_total: int | None = None) -> dict[str, dict]:
+    """``replicas=N`` configurations: N servers behind vllm-router, the KV cache split N ways
+    (``kv_bytes_total`` fixed: each gets its share; else each gets gpu_memory_utilization / N)."""
+    out = {}
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            from tunebook.core.errors import ConfigError
+
+            raise ConfigError(f"replica count {n!r} must be a whole number >= 1", key="replicas")
+        if n == 1:
+            continue  # the default itself
+        cfg: dict = {"serve": {"replicas": n}}
+        if kv_bytes_total:
+            cfg["settings"] = {"kv_cache_memory_bytes": int(kv_bytes_total) // n}
+        out[f"replicas={n}"] = cfg
+    return out
+
+
+def merge_config(a: dict, b: dict) -> dict:
+    """Two lever configurations combined (settings and serve options merged key by key)."""
+    out = {k: v for k, v in a.items() if k not in ("settings", "serve")}
+    out.update({k: v for k, v in b.items() if k not in ("settings", "serve")})
+    for key in ("settings", "serve"):
+        merged = {**a.get(key, {}), **b.get(key, {})}
+        if merged:
+            out[key] = merged
+    return out
+
+
+# --------------------------------------------------------------------------- the diagnosis
+def decode_vs_floor(
+    tpot_ms: float,
+    batch: float,
+    context: float,
+    shape: ModelShape,
+    peak_tflops: float,
+    hbm_tb_s: float,
+) -> dict:
+    """A measured decode step (TPOT at a steady batch) against its roofline floor."""
+    floor = decode_floor_ms(shape, max(int(round(batch)), 1), context, peak_tflops, hbm_tb_s)
+    return {
+        "batch": batch,
+        "context": context,
+        "step_ms": tpot_ms,
+        **floor,
+        "of_floor_pct": 100.0 * floor["floor_ms"] / tpot_ms if tpot_ms else float("nan"),
+    }
+
+
+# --------------------------------------------------------------------------- results
+def capacity_frame(results: list[dict]):
+    """One row per point: configuration, start, capacity under the SLO and the client check."""
+    import pandas as pd
+
+    from tunebook.core.results import point_row
+
+    rows = []
+    for r in results:
+        row = point_row(r)
+        serve = (r.get("env") or {}).get("serve") or r.get("serve") or {}
+        rows.append(
+            {
+                "config": row["config"],
+                "repeat": row["repeat"],
+                "status": row["status"],
+                "capacity_rps": row.get("capacity_rps"),
+                "first_failing_rps": row.get("first_failing_rps"),
+                "capped": row.get("capacity_capped"),
+                "max_goodput_rps": row.get("max_goodput_rps"),
+                "client_kept_schedule": row.get("client_kept_schedule"),
+                "lag_p99_ms_max": row.get("lag_p99_ms_max"),
+                "replicas": (serve or {}).get("replicas", 1),
+                "engine_start_s": row["engine_start_s"],
+                "error": row["error"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def curve_frame(results: list[dict]):
+    """Goodput (and attainment) against the offered rate, one row per point and rate."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for x in r.get("per_rate") or []:
+            rows.append({"config": r.get("config"), "repeat": r.get("repeat"), **x})
+    return pd.DataFrame(rows)
+
+
+def ranking(df, reference: str = "default") -> list[dict]:
+    """Each configuration's capacity (median, min-max over starts) against the reference's,
+    by the one noise rule; best first. A start where the SLO held at no rate counts as 0."""
+    ok = df[df["status"] == "ok"]
+    vals = {
+        cfg: [float(v) if v is not None and not _nan(v) else 0.0 for v in g["capacity_rps"]]
+        for cfg, g in ok.groupby("config")
+    }
+    ref = vals.get(reference, [])
+    rows = []
+    for cfg, v in vals.items():
+        c = compare(ref, v)
+        rows.append(
+            {
+                "config": cfg,
+                **{f"capacity_{k}": x for k, x in spread(v).items() if k != "rel_spread"},
+                f"vs_{reference}": c["ratio"] if cfg != reference else 1.0,
+                "noise": c["noise"] if cfg != reference else "(reference)",
+                "beyond_noise": (not c["within_noise"]) if cfg != reference else None,
+                "capped": bool(ok[ok["config"] == cfg]["capped"].fillna(False).any()),
+            }
+        )
+    return sorted(rows, key=lambda r: -(r["capacity_median"] or 0))
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def verdict(rank: list[dict], reference: str = "default", floor: dict | None = None) -> dict:
+    """Name the bottleneck and what lifted it, with figures.
+
+    ``floor``: the diagnosis (``decode_vs_floor``), if measured. Returns ``{bottleneck, lifted_by,
+    text, best}``: ``lifted_by`` is the best configuration whose capacity beats the reference
+    beyond the noise (None if none does).
+    """
+    ref = next((r for r in rank if r["config"] == reference), None)
+    winners = [
+        r
+        for r in rank
+        if r["config"] != reference and r["beyond_noise"] and r[f"vs_{reference}"] > 1
+    ]
+    host = floor is not None and floor.get("of_floor_pct", 100) < 50
+    parts = []
+    if floor is not None:
+        parts.append(
+            f"a decode step of {floor['batch']:.0f} sequences took {floor['step_ms']:.3g} ms against a"
+            f" {floor['bound']}-bound floor of {floor['floor_ms']:.3g} ms ({floor['of_floor_pct']:.0f}% of"
+            " the floor): "
+            + ("the engine waits on the host" if host else "the device does most of the work")
+        )
+    if ref is None:
+        return {
+            "bottleneck": None,
+            "lifted_by": None,
+            "best": None,
+            "text": "no reference measured",
+        }
+    ref_txt = f"{reference}: {ref['capacity_median']:.3g} req/s [{ref['capacity_min']:.3g}-{ref['capacity_max']:.3g}]"
+    if winners:
+        best = winners[0]
+        lever = best["config"]
+        kind = (
+            "the front end (one API-server process)"
+            if any(k in lever for k in ("stream_interval", "api_server_count", "replicas"))
+            else "the host side of the engine"
+        )
+        text = (
+            f"Capacity under the SLO: {ref_txt}; {lever}: {best['capacity_median']:.3g} req/s"
+            f" [{best['capacity_min']:.3g}-{best['capacity_max']:.3g}], {best[f'vs_{reference}']:.2f}x,"
+            f" {best['noise']}. The bottleneck was {kind}; {lever} lifted it."
+        )
+        out = {"bottleneck": kind, "lifted_by": lever, "best": best}
+    else:
+        text = f"Capacity under the SLO: {ref_txt}; no configuration beat it beyond the noise."
+        out = {"bottleneck": "not identified", "lifted_by": None, "best": ref}
+    if parts:
+        text = parts[0][0].upper() + parts[0][1:] + ". " + text
+    if any(r["capped"] for r in rank):
+        text += " (Some searches reached their maximum rate: those capacities are lower bounds.)"
+    out["text"] = text
+    return out
+
+
+def c14_verdict(v: dict, rank: list[dict], evidence: str, speed_meaningful: bool) -> dict:
+    """C14 (vLLM's default serves a small model at its capacity), from ``verdict``'s outcome.
+
+    refuted: a configuration serves more beyond the noise (the figure says how much more);
+    confirmed: none does, over at least three starts a side; inconclusive: fewer starts.
+    """
+    from tunebook.core.claims import verdict as make
+
+    spread_txt = "; ".join(
+        f"{r['config']}: {r['capacity_min']:.3g}-{r['capacity_max']:.3g} req/s (n={r['capacity_n']})"
+        for r in rank
+    )
+    note = (
+        ""
+        if speed_meaningful
+        else "CPU with a tiny model: the host is the device, replicas share two cores."
+    )
+    if v.get("lifted_by"):
+        b = v["best"]
+        fig = (
+            f"{b['config']} serves {b['vs_default']:.2f}x the default's capacity under the SLO"
+            f" ({b['capacity_median']:.3g} vs the default's req/s, {b['noise']})"
+        )
+        ref = next((r for r in rank if r["config"] == "default"), None)
+        if ref:
+            fig = fig.replace("the default's req/s", f"{ref['capacity_median']:.3g} req/s")
+        return make("C14", "refuted", fig, evidence, spread=spread_txt, note=note)
+    enough = all(r["capacity_n"] >= 3 for r in rank) and len(rank) > 1
+    word = "confirmed" if enough else "inconclusive"
+    fig = v["text"]
+    if not enough:
+        note = (
+            note + " Fewer than three starts per configuration: no gap can be beyond the noise."
+        ).strip()
+    return make("C14", word, fig, evidence, spread=spread_txt, note=note)
+
+
+# --------------------------------------------------------------------------- plots
+def capacity_figure(rank: list[dict], title: str = "Capacity under the SLO"):
+    import plotly.graph_objects as go
+
+    names = [r["config"] for r in rank]
+    med = [r["capacity_median"] for r in rank]
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=med,
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [r["capacity_max"] - r["capacity_median"] for r in rank],
+                "arrayminus": [r["capacity_median"] - r["capacity_min"] for r in rank],
+            },
+            text=[f"{r.get('vs_default', 1):.2f}x" for r in rank],
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title="configuration",
+        yaxis_title="capacity (req/s), median and min-max over starts",
+    )
+    return fig
+
+
+def curve_figure(curves, title: str = "Goodput against the offered rate"):
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    if len(curves):
+        for (cfg, rep), g in curves.groupby(["config", "repeat"]):
+            g = g.sort_values("offered_rps")
+            fig.add_trace(
+                go.Scatter(
+                    x=g["offered_rps"],
+                    y=g["goodput_rps"],
+                    mode="lines+markers",
+                    name=f"{cfg} r{rep}",
+                    legendgroup=str(cfg),
+                )
+            )
+        hi = float(curves["offered_rps"].max())
+        fig.add_trace(
+            go.Scatter(
+                x=[0, hi], y=[0, hi], mode="lines", name="goodput = offered", line={"dash": "dot"}
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title="offered rate (req/s, Poisson)",
+        yaxis_title="goodput (req/s within the SLO)",
+        xaxis_type="log",
+        yaxis_type="log",
+    )
+    return fig
