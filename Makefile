@@ -3,12 +3,16 @@ PY := .venv/bin/python
 PROFILE ?=
 RUN_ID ?=
 
-.PHONY: setup run test lint format lab goldens
+.PHONY: setup run unit test lint format lab goldens
 setup:
 	@bash scripts/setup.sh
 
 run: setup
 	$(PY) -m tunebook run $(if $(PROFILE),--profile $(PROFILE)) $(if $(RUN_ID),--run-id $(RUN_ID))
+
+# The quick tier: tests that need no vLLM and start no kernel or subprocess (vLLM is blocked).
+unit: setup
+	TUNEBOOK_NO_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider -m "not vllm and not engine and not browser and not slow" tests
 
 test: setup
 	$(PY) -m ruff check .

@@ -44,12 +44,9 @@ os.environ.setdefault(
 
 import pandas as pd
 
-import tunebook as tb
 import tunebook.core.claims as claims
-import tunebook.measure.execute as engine
 import tunebook.topics.baseline as bl
 import tunebook.topics.plots as plots
-import tunebook.workbench.workbook
 from tunebook.core.model import load_shape
 
 pd.set_option("display.width", 200)
@@ -81,6 +78,7 @@ claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/00_baseline/logs/engine.log.
 import tunebook.workbench.notebook
+from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 run_dir = tunebook.workbench.notebook.begin(globals(), "00_baseline")
 
@@ -88,10 +86,10 @@ run_dir = tunebook.workbench.notebook.begin(globals(), "00_baseline")
 # Derived values: the platform, the model's shape, the two configurations.
 
 # %%
-platform = engine.platform_name()
+platform = platform_name()
 shape = load_shape(model)
 claim_shape = load_shape(claim_model)
-wb = tb.workbook.Workbook(
+wb = Workbook(
     run_dir, "00_baseline", model, engine_settings, engine_env, isolate=isolate
 )
 article_runnable, article_changes = bl.runnable_settings(
@@ -104,7 +102,7 @@ configs = {
 workloads = {name: {**spec, "name": name} for name, spec in workloads.items()}
 concurrent_workload = {**concurrent_workload, "name": "concurrent"}
 cap = max_concurrency or None
-print(f"platform: {platform}; vLLM {engine.vllm_version()}; model: {model}")
+print(f"platform: {platform}; vLLM {vllm_version()}; model: {model}")
 
 # %% [markdown]
 # ## The article's settings, one by one (C9)
@@ -289,7 +287,7 @@ v_c1 = bl.c1_verdict(
     platform,
     repeats,
     evidence=str(wb.sweep_dir(sweep_name)),
-    vllm_version=engine.vllm_version(),
+    vllm_version=vllm_version(),
     card_gib=article_card_gib,
 )
 print(claims.describe(v_c1))
@@ -308,7 +306,7 @@ print(claims.describe(v_c6))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-v_c9 = bl.c9_verdict(check_rows, engine.vllm_version())
+v_c9 = bl.c9_verdict(check_rows, vllm_version())
 print(claims.describe(v_c9))
 
 # %%

@@ -52,13 +52,11 @@ os.environ.setdefault(
 
 import pandas as pd
 
-import tunebook as tb
 import tunebook.core.claims as claims
-import tunebook.measure.execute as engine
 import tunebook.topics.kvcache as kv
 import tunebook.topics.plots as plots
-import tunebook.workbench.workbook
 from tunebook.core.model import load_shape
+from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -105,11 +103,11 @@ run_dir = tunebook.workbench.notebook.begin(globals(), "01_kv_cache_sizing")
 # Derived values.
 
 # %%
-platform = engine.platform_name()
+platform = platform_name()
 on_cpu = platform == "cpu"
 shape = load_shape(model)
 claim_shape = load_shape(claim_model)
-wb = tb.workbook.Workbook(
+wb = Workbook(
     run_dir, "01_kv_cache_sizing", model, engine_settings, engine_env, isolate=isolate
 )
 greedy = {"temperature": 0.0}
@@ -117,7 +115,7 @@ greedy = {"temperature": 0.0}
 drift_model = (
     str(kv.random_init_checkpoint(model, early=early_checkpoint)) if drift_random_init else model
 )
-print(f"platform: {platform}; vLLM {engine.vllm_version()}; model: {model}")
+print(f"platform: {platform}; vLLM {vllm_version()}; model: {model}")
 
 # %% [markdown]
 # ## 1. Bytes per token, from the config (C2)

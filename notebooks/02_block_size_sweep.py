@@ -46,10 +46,9 @@ import pandas as pd
 from IPython.display import display
 
 from tunebook.core import claims
-from tunebook.measure import execute as engine
 from tunebook.measure.sweep import grid
 from tunebook.topics import blocksize, plots, prefill
-from tunebook.workbench.workbook import Workbook
+from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 pd.set_option("display.max_colwidth", 160)
 
@@ -85,7 +84,7 @@ if not isolate:  # in-process engines log into this notebook; isolated ones log 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "02_block_size_sweep", model, engine_settings, engine_env, isolate=isolate)
 shape = wb.shape
-platform = engine.platform_name()
+platform = platform_name()
 speed_meaningful = platform != "cpu"  # a tiny model on CPU says nothing about GPU speed
 prefix_share = prefix_len / prompt_len
 workload = {
@@ -98,7 +97,7 @@ workload = {
     "seed": 0,
 }
 assert round(prompt_len * prefix_share) == prefix_len, "prefix length must round-trip"
-print(f"platform {platform}, vLLM {engine.vllm_version()}, model {model}")
+print(f"platform {platform}, vLLM {vllm_version()}, model {model}")
 print(
     f"workload: {num_requests} x ({prompt_len} prompt tokens, {prefix_len} of them shared; {output_len} out)"
 )

@@ -52,10 +52,9 @@ import pandas as pd
 from IPython.display import display
 
 from tunebook.core import claims
-from tunebook.measure import execute as engine
 from tunebook.measure.sweep import grid
 from tunebook.topics import plots, prefill
-from tunebook.workbench.workbook import Workbook
+from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 pd.set_option("display.max_colwidth", 160)
 
@@ -100,7 +99,7 @@ if not isolate:  # in-process engines log into this notebook; isolated ones log 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "03_prefill_scaling", model, engine_settings, engine_env, isolate=isolate)
 shape = wb.shape
-platform = engine.platform_name()
+platform = platform_name()
 speed_meaningful = platform != "cpu"  # a tiny model on CPU says nothing about GPU speed
 max_model_len = int(engine_settings.get("max_model_len") or shape.max_position_embeddings)
 serve_default = prefill.serve_default_batched_tokens()
@@ -114,7 +113,7 @@ values = sorted(set(max_num_batched_tokens_values) | {before, after})
 s_max = curve_max_prompt_len or max_model_len - 1
 roofline = peak_tflops is not None and hbm_tb_s is not None
 print(
-    f"platform {platform}, vLLM {engine.vllm_version()}, model {model}, max_model_len {max_model_len}"
+    f"platform {platform}, vLLM {vllm_version()}, model {model}, max_model_len {max_model_len}"
 )
 print(
     f"vllm serve's max_num_batched_tokens here: {serve_default}; before {before} -> after {after}"

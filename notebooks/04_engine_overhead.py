@@ -46,9 +46,8 @@ from IPython.display import display
 
 from tunebook.core import claims
 from tunebook.core.metrics import slo_text
-from tunebook.measure import execute as engine
 from tunebook.topics import headroom
-from tunebook.workbench.workbook import Workbook
+from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 pd.set_option("display.max_colwidth", 160)
 pd.set_option("display.width", 200)
@@ -93,13 +92,13 @@ if not isolate:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "04_engine_overhead", model, engine_settings, engine_env, isolate=isolate)
 shape = wb.shape
-platform = engine.platform_name()
+platform = platform_name()
 slo = {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms, "attainment_pct": slo_attainment_pct}
 kv_total = kv_cache_bytes_total or None
 configs = {"default": {}, **levers}
 for name, cfg in headroom.replica_configs(replica_counts, kv_total).items():
     configs[name] = headroom.merge_config(cfg, {"serve": {"router_policy": router_policy}})
-print(f"platform {platform}, vLLM {engine.vllm_version()}, model {model}")
+print(f"platform {platform}, vLLM {vllm_version()}, model {model}")
 print(f"SLO: {slo_text(slo)}")
 print("configurations:", ", ".join(configs))
 

@@ -53,15 +53,14 @@ from IPython.display import Markdown, display
 
 import tunebook.core.claims as claims
 import tunebook.core.results
-import tunebook.measure.execute as engine
 import tunebook.topics.assemble as assemble
 import tunebook.topics.presets as presets
-import tunebook.workbench.workbook
 from tunebook.core.model import load_shape
 from tunebook.deploy import writers
 from tunebook.engine import adapter, flags
 from tunebook.topics.explorer import Explorer, decision_figure, ratio_bars
 from tunebook.workbench.profiles import NOTEBOOKS
+from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -125,20 +124,20 @@ slo = {"ttft_ms": float(slo_ttft_ms), "tpot_ms": float(slo_tpot_ms)}
 out_dir = Path(run_dir) / "05_assemble_config"
 out_dir.mkdir(parents=True, exist_ok=True)
 os.environ.update({k: str(v) for k, v in engine_env.items()})
-platform, vllm_version = engine.platform_name(), engine.vllm_version()
+platform, vllm_text = platform_name(), vllm_version()
 if validate_saved_only:  # report the device and vLLM that made the saved points, not this one's
     kind = "served" if validation_mode == "served" else sc.name
     saved = sorted(out_dir.glob(f"validate-{kind}-*/*.json"))
     if saved:
         saved_env = json.loads(saved[0].read_text())["env"]
-        platform, vllm_version = (
+        platform, vllm_text = (
             saved_env["platform"],
             f"{saved_env['vllm_version']} (saved points)",
         )
 print(f"scenario: {sc.name} ({sc.title})")
 print(f"objective: {sc.describe()}")
 print(f"SLO: p99 TTFT <= {slo_ttft_ms:g} ms, median TPOT <= {slo_tpot_ms:g} ms")
-print(f"platform: {platform}, vLLM {vllm_version}, model {model}")
+print(f"platform: {platform}, vLLM {vllm_text}, model {model}")
 
 # %% [markdown]
 # ## 1. The evidence on disk
@@ -337,7 +336,7 @@ def run_validation(
             f"validation: {len(val)} saved points reported, no engine started (validate_saved_only)"
         )
         return val
-    wb = tunebook.workbench.workbook.Workbook(
+    wb = Workbook(
         run_dir, "05_assemble_config", model, engine_settings, engine_env, isolate=isolate
     )
     t0 = time.perf_counter()

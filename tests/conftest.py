@@ -8,10 +8,34 @@ its environment, so that leftover checks see only this suite's processes on a sh
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
+
+# tests/ mirrors the library's rooms (tests/core, tests/measure ...). pytest imports each test
+# module by its base name with its folder on sys.path (names are unique across folders); a few
+# modules share helpers with another room's (test_launcher uses test_served's `point`), so every
+# room's folder is on the path from the start, not only once pytest reaches it.
+for _room in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name != "golden"):
+    if str(_room) not in sys.path:
+        sys.path.append(str(_room))
+
+
+
+class _NoVllm:
+    """``make unit`` sets TUNEBOOK_NO_VLLM=1: importing vLLM then fails at once, so a test that
+    needs it shows up as a failure to mark (``vllm`` or ``engine``), not as a slow quick tier."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("vLLM is kept out of the quick tier (make unit): mark the test vllm")
+        return None
+
+
+if os.environ.get("TUNEBOOK_NO_VLLM") == "1":
+    sys.meta_path.insert(0, _NoVllm())
 
 # Before anything imports vllm: offline engines run in this process (no EngineCore child).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -7,6 +7,9 @@ import argparse
 import sys
 
 from tunebook.core.errors import ConfigError, TunebookError
+from tunebook.workbench.cost import main as cost_main
+from tunebook.workbench.profiles import available_profiles
+from tunebook.workbench.runner import RUNS_DIR, run_workbook
 
 
 def _process_start() -> float | None:
@@ -40,15 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "cost":
-            from tunebook.workbench.cost import main as cost_main
-
             return cost_main([args.run_dir, *(["--json"] if args.json else [])])
         if args.cmd == "profiles":
-            from tunebook.workbench.profiles import available_profiles
-
             print("\n".join(available_profiles()))
             return 0
-        from tunebook.workbench.runner import RUNS_DIR, run_workbook
 
         run_dir = run_workbook(
             profile=args.profile,

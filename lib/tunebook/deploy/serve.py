@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from tunebook.engine.flags import split_env, vllm_command
+from tunebook.engine.isolation import kill_group, spawn
 
 CHAT_MESSAGE = "你好，请用一句话介绍一下你自己。"
 COMPLETION_PROMPT = "The capital of France is"
@@ -313,7 +314,6 @@ def check_start_script(
 ) -> dict:
     """Run a multi-replica deployment's start.sh as written (replicas behind vllm-router), send the
     check's requests through the router, then stop every process it started (its process group)."""
-    from tunebook.engine.isolation import kill_group, spawn
 
     folder = Path(folder).resolve()
     port = port or free_port()

@@ -7,6 +7,9 @@ the notebook needs it (``prepare_random_init``).
 
 from __future__ import annotations
 
+from tunebook.core.model import resolve_model_dir
+from tunebook.engine.launcher import wants_prestart
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -18,8 +21,6 @@ TOKENIZER_FILES = (
 def _random_init_dest(model: str, seed: int, root: str | None):
     import tempfile
     from pathlib import Path
-
-    from tunebook.core.model import resolve_model_dir
 
     src = resolve_model_dir(model)
     root_p = Path(root) if root else Path(tempfile.gettempdir()) / "tunebook-random-init"
@@ -35,8 +36,6 @@ def prepare_random_init(model: str, seed: int = 0, root: str | None = None):
     call then says why)."""
     import subprocess
     import sys
-
-    from tunebook.engine.launcher import wants_prestart
 
     key = (str(model), seed, str(root))
     started = _EARLY_INIT.get(key)

@@ -16,6 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from tunebook.core.points import Point
+from tunebook.engine.adapter import engine_default
 from tunebook.engine.host import device_memory_bytes
 from tunebook.engine.isolation import process_env
 
@@ -49,7 +51,6 @@ MEASUREMENT_ENV_PREFIX = "TUNEBOOK_"
 
 def deploy_kwargs(model: str, settings: dict) -> dict:
     """``LLM(**kwargs)`` for the chosen settings: the model path as measured, dummy weights if none."""
-    from tunebook.core.points import Point
 
     kw = Point(point_id="deploy", model=model, workload={}, settings=dict(settings)).engine_kwargs()
     for k, v in DEFAULT_DROPS.items():
@@ -157,8 +158,6 @@ def replica_engine_kwargs(kwargs: dict, replicas: int) -> dict:
     if replicas > 1:
         gmu = kw.get("gpu_memory_utilization")
         if gmu is None:
-            from tunebook.engine.adapter import engine_default
-
             gmu = engine_default("gpu_memory_utilization") or 0.9
         kw["gpu_memory_utilization"] = round(gmu / replicas, 4)
     return kw

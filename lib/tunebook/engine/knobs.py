@@ -12,6 +12,7 @@ import types
 import typing
 
 from tunebook.core.errors import ConfigError
+from tunebook.engine import adapter
 
 # Names vLLM removed or never had -> what to use instead.
 REPLACED: dict[str, str] = {
@@ -172,6 +173,5 @@ def valid_block_sizes(platform: str, candidates=(8, 16, 32, 64, 128, 256)) -> li
 
 def validate_settings(settings: dict, source: str | None = None) -> dict:
     """Check settings against the installed vLLM (imports it through tunebook.engine.adapter)."""
-    from tunebook.engine import adapter
 
     return check_settings(settings, adapter.engine_fields(), adapter.platform_name(), source)

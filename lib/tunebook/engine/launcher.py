@@ -41,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 
+from tunebook.engine.flags import server_env
+from tunebook.engine.host import device_memory_bytes
 from tunebook.engine.interrupt import PARENT_ENV
 from tunebook.engine.isolation import WATCH_ENV, process_env, spawn, watch_parent
 
@@ -426,7 +428,6 @@ def wants_prestart() -> bool:
     flag = os.environ.get("TUNEBOOK_PRESTART", "").strip().lower()
     if flag:
         return flag not in ("0", "false", "no", "off")
-    from tunebook.engine.host import device_memory_bytes
 
     return device_memory_bytes()[0] == "cuda"
 
@@ -434,7 +435,6 @@ def wants_prestart() -> bool:
 def prestart_for(engine_env: dict, isolate: bool, log_dir: str | Path) -> list[str]:
     """Start, without waiting, the launchers that points with ``engine_env`` fork from: the
     ``vllm serve`` one and, where in-process points run isolated, the engine one. Their kinds."""
-    from tunebook.engine.flags import server_env
 
     envs = {"serve": server_env(engine_env, {})}
     if isolate:

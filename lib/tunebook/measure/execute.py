@@ -23,7 +23,9 @@ from pathlib import Path
 
 from tunebook.core.model import load_shape
 from tunebook.core.points import Point, Result
+from tunebook.core.results import _jsonable
 from tunebook.core.workloads import Workload, check_fits, make_workload
+from tunebook.engine import launcher
 from tunebook.engine.adapter import (
     Engine,
     check_architecture,
@@ -35,6 +37,8 @@ from tunebook.engine.adapter import (
 )
 from tunebook.engine.interrupt import phase
 from tunebook.engine.isolation import process_env, wait_or_kill, watch_parent_from_env
+from tunebook.engine.knobs import validate_settings
+from tunebook.measure.served import execute_served
 
 
 # --------------------------------------------------------------------------- validation
@@ -48,7 +52,6 @@ def prepare(point: dict | Point) -> Point:
     p = Point.from_dict(point)
     if getattr(p, "_valid", False):
         return p
-    from tunebook.engine.knobs import validate_settings
 
     validate_settings(p.settings)
     shape = load_shape(p.model)
@@ -77,8 +80,6 @@ def execute(
     point = prepare(point)
     wl = workload_of(point)
     if point.mode == "served":
-        from tunebook.measure.served import execute_served
-
         return execute_served(point, wl, on_sample=on_sample, log_dir=log_dir)
     out: list[dict] = []
     execute_group([point], [wl], out.append, on_sample, shutdown=shutdown, raise_errors=True)
@@ -224,7 +225,6 @@ def run_point(
         ]
         if progress_path:
             cmd.append(str(progress_path))
-        from tunebook.engine import launcher
 
         fork, fork_failure = True, None
         while True:
@@ -325,7 +325,6 @@ def _child_main(argv: list[str]) -> int:
     except Exception as e:
         result = _failed(point, f"{type(e).__name__}: {e}")
         result["traceback"] = traceback.format_exc()[-4000:]
-    from tunebook.core.results import _jsonable
 
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(_jsonable(result)))

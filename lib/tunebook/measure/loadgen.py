@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from tunebook.core.metrics import meets_slo, percentile
+
 LEAD_S = 0.5  # workers start their clocks together this long after the schedule is handed out
 LAG_OK_MS = 20.0  # a p99 send lag above this means the client, not the server, set the pace
 
@@ -117,8 +119,6 @@ async def _send_all(
     records carry ``"stopped": True`` and no timings.
     """
     import aiohttp
-
-    from tunebook.core.metrics import meets_slo
 
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     # The schedule is in wall-clock time shared by all workers; waits use the monotonic clock.
@@ -353,7 +353,6 @@ class LoadGenerator:
 
 def client_check(records: list[dict], workers: list[dict], n_workers: int) -> dict:
     """Did the client keep its schedule? Send-lag percentiles and the busiest worker's CPU share."""
-    from tunebook.core.metrics import percentile
 
     lags = [r["lag_ms"] for r in records if "lag_ms" in r]
     busiest = max((w["cpu_s"] / w["wall_s"] for w in workers if w["wall_s"] > 0), default=0.0)

@@ -69,6 +69,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tunebook.core.errors import ConfigError, TunebookError
+from tunebook.core.points import failed_result
+from tunebook.measure.execute import run_point
 
 ADDRESS_ENV = "TUNEBOOK_RAY_ADDRESS"
 TAG_ENV = "TUNEBOOK_RAY_SWEEP"  # set in every task's environment: finds this driver's processes
@@ -113,14 +115,12 @@ def _placement(t0: float) -> dict:
 
 
 def _failed(point, error: str) -> dict:
-    from tunebook.core.points import failed_result
 
     return failed_result(point, error[:4000])
 
 
 def run_task(point: dict, isolate: bool, timeout_s: float | None) -> tuple[dict, str | None]:
     """The body of one Ray task: run the point, never raise; return (result, engine log text)."""
-    from tunebook.measure.execute import run_point
 
     t0 = time.perf_counter()
     log_text = None

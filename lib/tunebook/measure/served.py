@@ -40,7 +40,15 @@ from tunebook.core.metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text
 from tunebook.core.model import GIB, load_shape
 from tunebook.core.points import Point, Result
 from tunebook.core.workloads import Workload, make_workload
-from tunebook.engine.flags import server_env
+from tunebook.engine import launcher
+from tunebook.engine.adapter import cpu_model, engine_default, failure_reason, parse_log
+from tunebook.engine.flags import (
+    DEFAULT_DROPS,
+    cli_args,
+    replica_engine_kwargs,
+    server_env,
+    vllm_cli,
+)
 from tunebook.engine.host import device_memory_bytes
 from tunebook.engine.interrupt import phase
 from tunebook.engine.isolation import (
@@ -319,9 +327,7 @@ class Deployment:
         self.server_start = "spawned"
         self.fork_failure: str | None = None  # why a forked start failed before one worked
         if self.point.serve.get("launcher", "fork") == "fork":
-            from tunebook.engine.launcher import enabled
-
-            self.server_start = "forked" if enabled() else "spawned"
+            self.server_start = "forked" if launcher.enabled() else "spawned"
 
     # -- commands
     def replica_kwargs(self) -> dict:
@@ -331,26 +337,22 @@ class Deployment:
         start that that much is free (also when ``kv_cache_memory_bytes`` fixes the KV size), so
         N replicas asking for vLLM's default (0.92) each could not start together.
         """
-        from tunebook.engine.flags import DEFAULT_DROPS
 
         kw = dict(self.kwargs)
         kw.pop("disable_log_stats", None)  # the server logs stats by default; /metrics needs them
         for k, v in DEFAULT_DROPS.items():
             if kw.get(k) == v and k not in self.point.settings:
                 kw.pop(k)
-        from tunebook.engine.flags import replica_engine_kwargs
 
         return replica_engine_kwargs(kw, self.replicas)
 
     def server_argv(self, port: int) -> list[str]:
         """The whole `vllm serve` command line of one replica."""
-        from tunebook.engine.flags import vllm_cli
 
         return [*vllm_cli(), *self.serve_args(port)]
 
     def serve_args(self, port: int) -> list[str]:
         """``serve ...``: the arguments after ``vllm``."""
-        from tunebook.engine.flags import cli_args
 
         argv = ["serve", *cli_args(self.replica_kwargs())]
         for k in SERVER_FLAGS:
@@ -410,11 +412,10 @@ class Deployment:
         log = self.log_dir / f"replica{i}.log"
         self.logs.append(log)
         self.urls.append(f"http://127.0.0.1:{port}")
-        from tunebook.engine.launcher import start
 
         cmd = self._fresh_cmd(port)
         fork = self.server_start == "forked"  # a launcher that failed once is not asked again
-        proc, self.server_start = start(
+        proc, self.server_start = launcher.start(
             "serve", self.serve_args(port), log, self._env(i), cmd, fork=fork
         )
         self.procs.append(proc)
@@ -430,8 +431,6 @@ class Deployment:
         return [sys.executable, "-m", "tunebook.engine.isolation", "--", *self.server_argv(port)]
 
     def _wait_healthy(self, i: int) -> None:
-        from tunebook.engine import launcher
-        from tunebook.engine.adapter import failure_reason
 
         url, log = self.urls[i], self.logs[i]
         deadline = time.monotonic() + self.start_timeout_s
@@ -526,7 +525,6 @@ class Deployment:
         return self.router_url or self.urls[0]
 
     def capacity(self) -> dict:
-        from tunebook.engine.adapter import parse_log
 
         per = [parse_log(log.read_text(errors="replace")) for log in self.logs]
         tokens = [p.get("engine_kv_tokens") for p in per]
@@ -541,10 +539,6 @@ class Deployment:
             if k in kw:
                 out[k] = kw[k]
         if "gpu_memory_utilization" not in out and not kw.get("kv_cache_memory_bytes"):
-            from tunebook.engine.adapter import (
-                engine_default,  # what each server holds of the device
-            )
-
             out["gpu_memory_utilization"] = engine_default("gpu_memory_utilization")
         if per and per[0].get("available_kv_gib") is not None:
             out["available_kv_gib_per_replica"] = per[0]["available_kv_gib"]
@@ -553,8 +547,6 @@ class Deployment:
     def fingerprint(self, point: Point | None = None) -> dict:
         """The environment of a result measured here (``point``: whose sampler it used)."""
         import platform as pyplatform
-
-        from tunebook.engine.adapter import cpu_model, parse_log
 
         facts = parse_log(self.logs[0].read_text(errors="replace")) if self.logs else {}
         kind, total = device_memory_bytes()

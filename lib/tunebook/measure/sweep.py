@@ -13,8 +13,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tunebook.core.errors import ConfigError
-from tunebook.core.results import SweepDir, safe_name
+from tunebook.core.results import SweepDir, load_sweep, safe_name
+from tunebook.engine.adapter import point_env
 from tunebook.engine.interrupt import deferred, phase, requested, stop_on_signal
+from tunebook.measure import execute  # module-qualified: tests stand a fake run_point in
+from tunebook.measure.live import LivePanel, ProgressTail, in_jupyter
+from tunebook.measure.ray_executor import run_points_ray
+from tunebook.measure.served import anchor_search, deployment_key, execute_served_group
 
 
 def point_id(config: str, repeat: int | None = None) -> str:
@@ -99,30 +104,26 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 def _in_jupyter() -> bool:
-    from tunebook.measure.live import in_jupyter
 
     return in_jupyter()
 
 
 def _run_point_live(p: dict, panel, isolate: bool, timeout_s, log_path: Path) -> dict:
-    """run_point with the live panel fed: on_sample in-process, a tailed progress file isolated."""
-    from tunebook.measure.execute import run_point
+    """execute.run_point with the live panel fed: on_sample in-process, a tailed progress file isolated."""
 
     panel.start_point(p.point_id)
     if not isolate:
-        result = run_point(
+        result = execute.run_point(
             p, isolate=False, timeout_s=timeout_s, log_path=log_path, on_sample=panel.update
         )
     else:
-        from tunebook.measure.live import ProgressTail
-
         progress = log_path.with_name(f"{p.point_id}.progress.jsonl")
         progress.parent.mkdir(parents=True, exist_ok=True)
         progress.unlink(missing_ok=True)
         tail = ProgressTail(progress, panel.update)
         tail.start()
         try:
-            result = run_point(
+            result = execute.run_point(
                 p, isolate=True, timeout_s=timeout_s, log_path=log_path, progress_path=progress
             )
         finally:
@@ -154,12 +155,11 @@ def run_sweep(
     local executor only: an isolated point's samples come through ``logs/<point>.progress.jsonl``
     (removed once the point is ``ok``).
     """
-    from tunebook.measure.execute import prepare
 
     sweep = SweepDir(out_dir)
     # Every bad key, setting or impossible workload is reported before any engine starts; the
     # points are validated here once (typed Points from now on).
-    points = [prepare(p) for p in points]
+    points = [execute.prepare(p) for p in points]
     ids = [p.point_id for p in points]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
@@ -194,8 +194,6 @@ def run_sweep(
                     todo, sweep, isolate, timeout_s, finish, desc or Path(out_dir).name, live
                 )
             elif executor == "ray":
-                from tunebook.measure.ray_executor import run_points_ray
-
                 run_points_ray(
                     todo, finish, timeout_s=timeout_s, isolate=isolate, log_dir=sweep.root / "logs"
                 )
@@ -207,7 +205,6 @@ def run_sweep(
             if bar is not None:
                 bar.close()
             sweep.write_summary()
-    from tunebook.core.results import load_sweep
 
     df = load_sweep(sweep.root)
     return df[df["point_id"].isin(ids)].reset_index(drop=True) if len(df) else df
@@ -216,19 +213,14 @@ def run_sweep(
 def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
     """Points one after another in this process's control; consecutive points that differ only
     in their workload share one engine start (``start_groups``)."""
-    from tunebook.measure.execute import run_point
 
     logs = sweep.root / "logs"
     panel = None
     if todo and (live if live is not None else _in_jupyter()):
-        from tunebook.measure.live import LivePanel
-
         panel = LivePanel(desc, total=len(todo))
     try:
         for group in start_groups(todo, isolate):
             if any(p.search is not None and p.repeat for p in group):
-                from tunebook.measure.served import anchor_search
-
                 earlier = sweep.points()
                 group = [anchor_search(p, earlier) for p in group]
             p = group[0]
@@ -237,7 +229,9 @@ def _run_local(todo, sweep, isolate, timeout_s, finish, desc, live) -> None:
             if len(group) > 1:
                 _run_group(group, logs / p.point_id, finish, panel)
             elif panel is None:
-                finish(run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path))
+                finish(
+                    execute.run_point(p, isolate=isolate, timeout_s=timeout_s, log_path=log_path)
+                )
             else:
                 finish(_run_point_live(p, panel, isolate, timeout_s, log_path))
     finally:
@@ -250,7 +244,6 @@ def start_key(point, isolate: bool) -> str | None:
     configuration's name and which start (repeat) of it this is; only the workload and its
     measurement may differ. ``None`` for a point that needs a start of its own: an in-process
     point run isolated (one child process per point)."""
-    from tunebook.measure.served import deployment_key
 
     if point.mode == "served":
         return deployment_key(point)
@@ -275,8 +268,6 @@ def start_groups(points: list, isolate: bool = False) -> list[list]:
 
 def _run_group(group: list, log_dir: Path, finish, panel) -> None:
     """Points on one engine start, each result written as soon as it is measured."""
-    from tunebook.engine.adapter import point_env
-    from tunebook.measure.execute import execute_group, workload_of
 
     def done(result: dict) -> None:
         if panel is not None:
@@ -287,11 +278,9 @@ def _run_group(group: list, log_dir: Path, finish, panel) -> None:
         "on_sample": panel.update if panel is not None else None,
         "on_begin": panel.start_point if panel is not None else None,
     }
-    workloads = [workload_of(p) for p in group]
+    workloads = [execute.workload_of(p) for p in group]
     if group[0].mode == "served":
-        from tunebook.measure.served import execute_served_group
-
         execute_served_group(group, workloads, log_dir, done, **hooks)
         return
     with point_env(group[0].env):
-        execute_group(group, workloads, done, **hooks)
+        execute.execute_group(group, workloads, done, **hooks)

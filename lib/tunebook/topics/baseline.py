@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import math
 
+from tunebook.core.claims import verdict
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import compare, spread
 from tunebook.core.model import GIB, ModelShape
+from tunebook.core.results import point_row
+from tunebook.core.workloads import make_workload
+from tunebook.engine.adapter import vllm_reaction
+from tunebook.engine.knobs import valid_block_sizes, validate_settings
 
 # The article's final configuration, as written (seed, section 6, and the scheduler tip of 5.3),
 # nonexistent settings included; assemble.ARTICLE_SETTINGS is the part vLLM has.
@@ -38,7 +43,6 @@ def check_each(settings: dict, with_vllm: bool = True) -> list[dict]:
     Returns rows ``{setting, value, valid, error, vllm}``: ``error`` is tunebook's ConfigError
     message (None when valid), ``vllm`` what the installed EngineArgs does with it.
     """
-    from tunebook.engine.knobs import validate_settings
 
     rows = []
     for name, value in settings.items():
@@ -49,8 +53,6 @@ def check_each(settings: dict, with_vllm: bool = True) -> list[dict]:
             err = str(e)
         row = {"setting": name, "value": value, "valid": err is None, "error": err}
         if with_vllm:
-            from tunebook.engine.adapter import vllm_reaction
-
             row["vllm"] = vllm_reaction(name, value)
         rows.append(row)
     return rows
@@ -68,7 +70,6 @@ def runnable_settings(
     * gpu_memory_utilization is kept but flagged when ``base_settings`` fixes the KV size with
       kv_cache_memory_bytes (which vLLM then uses instead, CPU included).
     """
-    from tunebook.engine.knobs import valid_block_sizes
 
     rows = check_each(settings, with_vllm=False)
     out: dict = {}
@@ -115,8 +116,6 @@ def points_frame(results: list[dict]):
     """One row per point (``results.point_row``: identity, settings, metrics, ``cap_`` engine
     capacity, device memory), sorted by config and repeat, with ``sampled``."""
     import pandas as pd
-
-    from tunebook.core.results import point_row
 
     rows = []
     for p in results:
@@ -299,7 +298,6 @@ def card_kv_space(
 
 def workload_need(spec: dict, shape: ModelShape, block_size: int) -> dict:
     """Tokens and KV blocks a workload holds if all its requests run at once."""
-    from tunebook.core.workloads import make_workload
 
     wl = make_workload(spec, vocab_size=shape.vocab_size)
     toks = [max(r.prompt_len, 0) + r.max_tokens for r in wl.requests]
@@ -343,7 +341,6 @@ def c1_verdict(
     workload -> points_frame with configs "default" and "article"), and the note shows that the
     article's own figures disagree with each other and with how vLLM holds memory.
     """
-    from tunebook.core.claims import verdict
 
     device = "CPU (tiny model, dummy weights)" if platform == "cpu" else f"{platform} device"
     bits = []
@@ -432,7 +429,6 @@ def c6_verdict(
     inconclusive when it does not. ``concurrent`` is the points_frame of the run that put
     ``num_requests`` in flight at once; ``frames`` the baseline sweeps (for memory and speed).
     """
-    from tunebook.core.claims import verdict
 
     a = arithmetic
     ok = concurrent[concurrent["status"] == "ok"] if len(concurrent) else concurrent
@@ -487,7 +483,6 @@ def c9_verdict(checks: list[dict], vllm_version: str) -> dict:
     refuted when vLLM's own EngineArgs does not know some of the settings (TypeError);
     inconclusive when every name exists.
     """
-    from tunebook.core.claims import verdict
 
     rejected = [r for r in checks if not r["valid"]]
     missing = [r for r in rejected if str(r.get("vllm", "")).startswith("TypeError")]

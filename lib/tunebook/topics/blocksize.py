@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tunebook.core.claims import verdict
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import compare, spread
+from tunebook.core.results import point_row
+from tunebook.engine.knobs import validate_settings
 
 
 def screen(candidates: Iterable[int], settings: dict) -> list[dict]:
     """Each candidate through the settings check (names, types and the platform's block rule)."""
-    from tunebook.engine.knobs import validate_settings
 
     rows = []
     for b in candidates:
@@ -113,8 +115,6 @@ def per_point(results: list[dict], prefix_len: int | None = None):
     """One row per finished point (from ``results.point_row``): block size, backend, capacity,
     speed, latency, prefix hits."""
     import pandas as pd
-
-    from tunebook.core.results import point_row
 
     rows = []
     for p in results:
@@ -250,7 +250,6 @@ def c4_verdict(
     refuted: 16 is not valid here, or another size is faster beyond the noise; confirmed: 16 is
     faster than every other size beyond the noise; inconclusive: the gaps are within the noise.
     """
-    from tunebook.core.claims import verdict
 
     valid = valid_sizes(rows)
     gran_ok = all(g["match"] for g in granularity)

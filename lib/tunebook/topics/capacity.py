@@ -19,6 +19,7 @@ from pathlib import Path
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import compare, spread
 from tunebook.core.results import SweepDir
+from tunebook.measure.loadgen import LAG_OK_MS
 
 
 # --------------------------------------------------------------------------- the choice
@@ -70,7 +71,6 @@ def _failed(row: dict) -> str:
 def _client_limited(point: dict) -> bool:
     """True when the client fell behind its schedule at the first rate that broke the SLO: that
     rate's failure may be the client's, so the capacity found is a lower bound."""
-    from tunebook.measure.loadgen import LAG_OK_MS
 
     m = point.get("metrics") or {}
     fail = m.get("first_failing_rps")

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 
+from tunebook.core import claims
+from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import compare, spread
 from tunebook.core.model import ModelShape
+from tunebook.core.results import point_row
 from tunebook.topics.roofline import decode_floor_ms
 
 
@@ -31,8 +34,6 @@ def replica_configs(counts, kv_bytes_total: int | None = None) -> dict[str, dict
     out = {}
     for n in counts:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            from tunebook.core.errors import ConfigError
-
             raise ConfigError(f"replica count {n!r} must be a whole number >= 1", key="replicas")
         if n == 1:
             continue  # the default itself
@@ -78,8 +79,6 @@ def decode_vs_floor(
 def capacity_frame(results: list[dict]):
     """One row per point: configuration, start, capacity under the SLO and the client check."""
     import pandas as pd
-
-    from tunebook.core.results import point_row
 
     rows = []
     for r in results:
@@ -205,7 +204,6 @@ def c14_verdict(v: dict, rank: list[dict], evidence: str, speed_meaningful: bool
     refuted: a configuration serves more beyond the noise (the figure says how much more);
     confirmed: none does, over at least three starts a side; inconclusive: fewer starts.
     """
-    from tunebook.core.claims import verdict as make
 
     spread_txt = "; ".join(
         f"{r['config']}: {r['capacity_min']:.3g}-{r['capacity_max']:.3g} req/s (n={r['capacity_n']})"
@@ -225,7 +223,7 @@ def c14_verdict(v: dict, rank: list[dict], evidence: str, speed_meaningful: bool
         ref = next((r for r in rank if r["config"] == "default"), None)
         if ref:
             fig = fig.replace("the default's req/s", f"{ref['capacity_median']:.3g} req/s")
-        return make("C14", "refuted", fig, evidence, spread=spread_txt, note=note)
+        return claims.verdict("C14", "refuted", fig, evidence, spread=spread_txt, note=note)
     enough = all(r["capacity_n"] >= 3 for r in rank) and len(rank) > 1
     word = "confirmed" if enough else "inconclusive"
     fig = v["text"]
@@ -233,7 +231,7 @@ def c14_verdict(v: dict, rank: list[dict], evidence: str, speed_meaningful: bool
         note = (
             note + " Fewer than three starts per configuration: no gap can be beyond the noise."
         ).strip()
-    return make("C14", word, fig, evidence, spread=spread_txt, note=note)
+    return claims.verdict("C14", word, fig, evidence, spread=spread_txt, note=note)
 
 
 # --------------------------------------------------------------------------- plots

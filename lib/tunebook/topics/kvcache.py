@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from tunebook.core.claims import verdict
 from tunebook.core.metrics import compare
 from tunebook.core.model import GIB, MIB, ModelShape
+from tunebook.core.workloads import _COMMON, _KIND_KEYS, make_workload
 from tunebook.engine.checkpoint import prepare_random_init, random_init_checkpoint  # noqa: F401 (01 calls them as kv.*)
 from tunebook.topics.baseline import points_frame
 
@@ -320,7 +322,6 @@ def spec_of(point: dict) -> dict:
     kinds whose spec has max_prompt_len (uniform, normal) the summary overwrote it: rebuild
     those from the notebook's own spec instead.
     """
-    from tunebook.core.workloads import _COMMON, _KIND_KEYS
 
     w = point.get("workload") or {}
     keep = _COMMON | _KIND_KEYS.get(w.get("kind"), set())
@@ -335,7 +336,6 @@ def prefix_prediction(spec: dict, shape: ModelShape, block_size: int, enabled: b
     floor(prefix_len / block_size) blocks (never the block holding the last prompt token). The
     blocks held at once are the unshared ones of every request plus one copy of each prefix's.
     """
-    from tunebook.core.workloads import make_workload
 
     wl = make_workload(spec, vocab_size=shape.vocab_size)
     n = len(wl.requests)
@@ -583,7 +583,6 @@ def c2_verdict(
     ``capacity`` is capacity_table() of the engines run here: their residuals against the
     arithmetic (on the profile's ``model``) show that the correct formula is the engine's.
     """
-    from tunebook.core.claims import verdict
 
     correct = claim_shape.kv_bytes_per_token("auto")
     article = article_bytes_per_token()
@@ -628,7 +627,6 @@ def c3_verdict(
     share saves 30-50%, partly when some share saves 30% or more, refuted when none does.
     ``default_on``: whether engines that left enable_prefix_caching out had it on.
     """
-    from tunebook.core.claims import verdict
 
     on = prefix[prefix["enable_prefix_caching"]]
     off = prefix[~prefix["enable_prefix_caching"]]
@@ -688,7 +686,6 @@ def c5_verdict(
     memory (accuracy is not judged on random weights); inconclusive when no fp8 engine ran (the
     reason is vLLM's, from the failed point) or the capacity is not 2x.
     """
-    from tunebook.core.claims import verdict
 
     ratios = []
     keys = ["KV memory (MiB)", "gpu_memory_utilization"]
@@ -758,7 +755,6 @@ def c12_verdict(
     (same_memory_groups) shows whether max_model_len costs capacity. What headroom buys in
     stability is not measured, hence never more than partly.
     """
-    from tunebook.core.claims import verdict
 
     slope_txt = (
         "; ".join(

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tunebook.core.claims import verdict
 from tunebook.core.metrics import compare, percentile, spread
 from tunebook.core.model import ModelShape
+from tunebook.core.results import point_row
+from tunebook.engine import adapter
 
 # --------------------------------------------------------------------------- roofline
 
@@ -353,8 +356,6 @@ def mixed_load_table(results: list[dict], classes=("short", "long", "mixed")):
     request class."""
     import pandas as pd
 
-    from tunebook.core.results import point_row
-
     p50 = class_ttft(results, q=50)
     p90 = class_ttft(results, q=90)
     cols = (
@@ -402,9 +403,8 @@ def long_form(df, x: str, columns: dict[str, str]):
 
 def serve_default_batched_tokens() -> int | None:
     """max_num_batched_tokens that `vllm serve` picks here (see adapter.serve_default_batched_tokens)."""
-    from tunebook.engine.adapter import serve_default_batched_tokens as read
 
-    return read()
+    return adapter.serve_default_batched_tokens()
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -439,7 +439,6 @@ def c7_verdict(
     exponential never does; partly: the reverse, with real exponential growth; inconclusive:
     no robust winner, or the data too noisy (best fit's RMS residual above ``noisy_pct``).
     """
-    from tunebook.core.claims import verdict
 
     by = {f.model: f for f in fits_pooled}
     q, e = by["linear+quadratic"], by["constant+exponential"]
@@ -522,7 +521,6 @@ def c8_verdict(
 ) -> dict:
     """C8 (2048 is a good start): 2048 against the best swept value on short-request TTFT, ITL
     tail and throughput, gaps judged against the spread over engine starts."""
-    from tunebook.core.claims import verdict
 
     col = "max_num_batched_tokens"
     values = sorted(df[col].dropna().unique())
@@ -624,7 +622,6 @@ def c10_verdict(table, evidence: str, speed_meaningful: bool) -> dict:
     """C10 from c10_table: confirmed if every measured class improves to <= 0.6x beyond the
     noise; partly if some do; refuted if one gets worse beyond the noise; not reproducible if
     every ratio is within 0.8-1.25 and the noise; inconclusive otherwise."""
-    from tunebook.core.claims import verdict
 
     measured = table.dropna(subset=["measured after/before"])
     if measured.empty:

@@ -6,6 +6,7 @@ metric and configuration, ratios to vLLM's default); C13 on the model's arithmet
 
 from __future__ import annotations
 
+from tunebook.core.claims import verdict
 from tunebook.core.model import GIB, ModelShape
 from tunebook.topics.assemble import SCENARIOS, versus_default
 
@@ -115,7 +116,6 @@ def c11_verdict(
     (presets are worth having, but only from measurements); inconclusive when it had none.
     ``deployment``: as in chosen_text(), when the validation was served.
     """
-    from tunebook.core.claims import verdict
 
     objective = objective_metric(choice["scenario"], validation)
     other_txt = []
@@ -154,7 +154,6 @@ def c13_verdict(
 ) -> dict:
     """C13 (presets by card memory) from card_table(): partly. The model's weights are a small
     part of any card, so per-card presets differ in KV capacity, which is arithmetic."""
-    from tunebook.core.claims import verdict
 
     at = cards[(cards["gpu_memory_utilization"] == 0.9) & cards["card GiB"].isin(shown)]
     return verdict(

@@ -23,6 +23,9 @@ import re
 import statistics
 from pathlib import Path
 
+from tunebook.core.errors import ConfigError
+from tunebook.workbench.profiles import NOTEBOOKS
+
 PHASES = ("engine_start", "warmup", "measure", "teardown", "process")
 # What a row reports: engine start also holds process start and teardown (the engine's life
 # outside its work), so the four add up to the wall time.
@@ -152,7 +155,6 @@ def read_state(run_dir: str | Path) -> dict:
 
 def run_cost(run_dir: str | Path) -> list[dict]:
     """One row per notebook of the run (those run, then any other folder holding points)."""
-    from tunebook.workbench.profiles import NOTEBOOKS
 
     run_dir = Path(run_dir)
     state = read_state(run_dir)
@@ -419,8 +421,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        from tunebook.core.errors import ConfigError
-
         raise ConfigError(f"no run folder {run_dir}")
     rows = run_cost(run_dir)
     if args.json:

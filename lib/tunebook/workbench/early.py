@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from queue import Empty
 
+from tunebook.engine.launcher import wants_prestart
+from tunebook.workbench.console import StderrFilter, harmless
 from tunebook.workbench.notebook import CALL_START_ENV
 
 KERNEL = "python3"
@@ -36,7 +38,6 @@ def wanted() -> bool:
     flag = os.environ.get("TUNEBOOK_EARLY_KERNEL", "").strip().lower()
     if flag:
         return flag not in ("0", "false", "no", "off")
-    from tunebook.engine.launcher import wants_prestart
 
     return wants_prestart()
 
@@ -53,7 +54,6 @@ def _run(coro):
 
 
 def _copy_to_stderr(r: int) -> None:
-    from tunebook.workbench.console import StderrFilter, harmless
 
     with os.fdopen(r, "rb") as src:
         for line in src:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tunebook.core.results import first_missing
 from tunebook.engine import isolation, launcher
+from tunebook.engine.checkpoint import prepare_random_init
 from tunebook.workbench import console, cost, profiles
 
 # Set by the runner for each notebook call: the wall clock at the call's start (epoch seconds).
@@ -88,8 +89,6 @@ def _temp_log(notebook: str) -> str:
 
 def _random_init_early(params: dict) -> None:
     if params.get("drift_random_init") and isinstance(params.get("model"), str):
-        from tunebook.engine.checkpoint import prepare_random_init
-
         prepare_random_init(params["model"])
 
 

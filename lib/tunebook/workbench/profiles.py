@@ -17,7 +17,12 @@ from pathlib import Path
 import yaml
 
 from tunebook.core.errors import ConfigError
-from tunebook.core.model import REPO_ROOT
+from tunebook.core.model import REPO_ROOT, load_shape
+from tunebook.core.points import MODES
+from tunebook.core.scenarios import SCENARIOS
+from tunebook.core.workloads import make_workload
+from tunebook.engine import adapter
+from tunebook.engine.knobs import check_settings, valid_block_sizes, validate_settings
 
 PARAMS_DIR = REPO_ROOT / "params"
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -226,13 +231,11 @@ def _positive_int(key: str, v, source, minimum: int = 1) -> None:
 
 
 def _settings(key: str, settings: dict, params: dict, source) -> None:
-    from tunebook.engine.knobs import validate_settings
 
     validate_settings(settings, source=f"{source}: {key}" if source else key)
 
 
 def _workload(key: str, spec, params: dict, source) -> None:
-    from tunebook.core.workloads import make_workload
 
     try:
         make_workload({**spec, "num_requests": 1} if isinstance(spec, dict) else spec)
@@ -244,8 +247,6 @@ def _workload(key: str, spec, params: dict, source) -> None:
 
 def _block_sizes(key: str, sizes: list, params: dict, source) -> None:
     """Candidates may include sizes the backend rejects (the notebook shows why), but not only those."""
-    from tunebook.engine import adapter
-    from tunebook.engine.knobs import check_settings, valid_block_sizes
 
     for b in sizes:
         _positive_int(key, b, source)
@@ -282,13 +283,11 @@ def _choice(valid_of):
 
 
 def _scenarios():
-    from tunebook.core.scenarios import SCENARIOS
 
     return list(SCENARIOS)
 
 
 def _modes():
-    from tunebook.core.points import MODES
 
     return list(MODES)
 
@@ -306,7 +305,6 @@ def _also_validate(key: str, v: dict, params: dict, source) -> None:
 
 
 def _model(key: str, v: str, params: dict, source) -> None:
-    from tunebook.core.model import load_shape
 
     try:
         load_shape(v)

@@ -19,6 +19,10 @@ from collections import Counter
 from pathlib import Path
 
 from tunebook.core import claims
+from tunebook.core.results import atomic_write_text, load_sweep
+from tunebook.core.scenarios import SCENARIOS
+from tunebook.topics import assemble
+from tunebook.topics.explorer import ratio_bars
 from tunebook.workbench import cost
 from tunebook.workbench.profiles import NOTEBOOKS
 
@@ -95,7 +99,6 @@ def validation_sweeps(folder: Path) -> list[tuple[str, Path]]:
     Returned as (scenario, folder); the scenario is the longest scenario name in the folder's
     name (the assembly notebook names them validate-<scenario>-<hash>), else the folder's name.
     """
-    from tunebook.core.scenarios import SCENARIOS
 
     out = []
     for d in sorted(p for p in folder.iterdir() if p.is_dir()):
@@ -131,8 +134,6 @@ def chosen_settings(points: list[dict]) -> dict | None:
 
 
 def validation_table(folder: Path):
-    from tunebook.core.results import load_sweep
-    from tunebook.topics.assemble import validation_table as table
 
     df = load_sweep(folder)
     if not len(df) or not (df["status"] == "ok").any():
@@ -142,7 +143,7 @@ def validation_table(folder: Path):
     df = df.sort_values(
         "config", key=lambda s: s.map(lambda c: rank.get(c, len(rank))), kind="stable"
     )
-    return table(df, reference="default")
+    return assemble.validation_table(df, reference="default")
 
 
 CONFIG_ORDER = ("default", "chosen", "article")  # the validation's reading order
@@ -169,8 +170,6 @@ def key_figures(run_dir: Path) -> list[tuple[str, object]]:
     Each as (caption, figure); figures are plotly Figures or plotly JSON dicts from a notebook.
     """
     import plotly.graph_objects as go
-
-    from tunebook.topics.explorer import ratio_bars
 
     run_dir = Path(run_dir)
     figs: list[tuple[str, object]] = []
@@ -609,8 +608,6 @@ def notebook_page(nb_path: Path) -> str:
 def write_report(run_dir: str | Path) -> Path:
     """Write ``report/index.html`` and a page per executed notebook; return the index."""
     from plotly.offline import get_plotlyjs
-
-    from tunebook.core.results import atomic_write_text
 
     run_dir = Path(run_dir)
     out = run_dir / "report"

@@ -22,8 +22,18 @@ from pathlib import Path
 from tunebook.core.errors import ConfigError, NotebookFailed
 from tunebook.core.model import REPO_ROOT
 from tunebook.core.results import atomic_write_text, first_missing, safe_name
+from tunebook.engine import launcher
 from tunebook.engine.interrupt import stop_on_signal
-from tunebook.workbench import early
+from tunebook.workbench import early, report
+from tunebook.workbench.console import (
+    PROGRESS_FILE,
+    ProgressLine,
+    StderrFilter,
+    hidden_text,
+    hide_stopped_cell_task,
+    quiet_vllm_import,
+)
+from tunebook.workbench.notebook import CALL_START_ENV
 from tunebook.workbench.profiles import (
     NOTEBOOKS,
     NOTEBOOKS_DIR,
@@ -101,8 +111,6 @@ def engine_preflight(prof: dict, plan: dict[str, dict]) -> None:
     names = list(plan)
     import warnings
 
-    from tunebook.workbench.console import quiet_vllm_import
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # vLLM's import-time deprecations are not the user's
         with quiet_vllm_import():
@@ -123,7 +131,6 @@ def start_warm_up(models: list[str]) -> dict | None:
     finds it cached. Where notebooks start their launchers early (``launcher.wants_prestart``:
     GPU nodes), else None: on a few CPU cores it would only compete with the run.
     """
-    from tunebook.engine import launcher
 
     if not models or not launcher.wants_prestart():
         return None
@@ -367,15 +374,6 @@ def _run_notebooks(
 ) -> None:
     import papermill as pm
 
-    from tunebook.workbench.console import (
-        PROGRESS_FILE,
-        ProgressLine,
-        StderrFilter,
-        hidden_text,
-        hide_stopped_cell_task,
-    )
-    from tunebook.workbench.notebook import CALL_START_ENV
-
     pm_log = logging.getLogger("papermill")
     known = _KnownParameters({k for p in plan.values() for k in p} | {"run_dir"})
     pm_log.addFilter(known)
@@ -489,6 +487,5 @@ def _hand_over(mine, call_start: float, run_log) -> dict:
 
 def write_report(run_dir: str | Path) -> Path:
     """The run's HTML report (``tunebook.workbench.report``): a summary page and one page per notebook."""
-    from tunebook.workbench.report import write_report as write
 
-    return write(run_dir)
+    return report.write_report(run_dir)

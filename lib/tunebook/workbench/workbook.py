@@ -19,7 +19,10 @@ from pathlib import Path
 
 from tunebook.core.model import ModelShape, load_shape
 from tunebook.core.results import SweepDir, load_sweep, safe_name
+from tunebook.engine.adapter import platform_name, vllm_version  # noqa: F401 (what notebooks print)
+from tunebook.engine.launcher import wait_ready
 from tunebook.measure.sweep import make_points, run_sweep
+from tunebook.workbench.console import PROGRESS_FILE
 
 
 @dataclass
@@ -97,8 +100,6 @@ class Workbook:
                 }
             )
 
-        from tunebook.engine.launcher import wait_ready
-
         wait_ready()  # a launcher started early (notebook.begin) is not importing beside a point
         return run_sweep(
             pts,
@@ -111,7 +112,6 @@ class Workbook:
         )
 
     def _progress(self, event: dict) -> None:
-        from tunebook.workbench.console import PROGRESS_FILE
 
         line = json.dumps({"t": time.time(), **event}) + "\n"
         with open(self.root / PROGRESS_FILE, "a") as f:  # one short append per event
