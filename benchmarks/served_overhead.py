@@ -582,7 +582,8 @@ def scrape_cost(dep, n: int = 50) -> dict:
     CPU milliseconds per scrape (its loop is what bounds a small model's serving)."""
     import psutil
 
-    from tunebook.measure.served import METRICS_SUBSET, _get
+    from tunebook.engine.vllm_http import METRICS_SUBSET
+    from tunebook.engine.vllm_http import get as _get
 
     root = psutil.Process(dep.procs[0].pid)
 
@@ -624,7 +625,9 @@ def measure(args) -> dict:
     from tunebook.core.model import resolve_model_dir
     from tunebook.core.points import Point
     from tunebook.core.workloads import Request, Workload
-    from tunebook.measure.served import Deployment, _get, parse_prometheus
+    from tunebook.engine.vllm_http import get as _get
+    from tunebook.engine.vllm_http import parse_totals as parse_prometheus
+    from tunebook.measure.served import Deployment
 
     model_dir = resolve_model_dir(args.model)
     settings = server_settings(args)

@@ -89,9 +89,7 @@ run_dir = tunebook.workbench.notebook.begin(globals(), "00_baseline")
 platform = platform_name()
 shape = load_shape(model)
 claim_shape = load_shape(claim_model)
-wb = Workbook(
-    run_dir, "00_baseline", model, engine_settings, engine_env, isolate=isolate
-)
+wb = Workbook(run_dir, "00_baseline", model, engine_settings, engine_env, isolate=isolate)
 article_runnable, article_changes = bl.runnable_settings(
     article_settings, platform, engine_settings
 )

@@ -107,9 +107,7 @@ platform = platform_name()
 on_cpu = platform == "cpu"
 shape = load_shape(model)
 claim_shape = load_shape(claim_model)
-wb = Workbook(
-    run_dir, "01_kv_cache_sizing", model, engine_settings, engine_env, isolate=isolate
-)
+wb = Workbook(run_dir, "01_kv_cache_sizing", model, engine_settings, engine_env, isolate=isolate)
 greedy = {"temperature": 0.0}
 # The capacity/drift engines: same shape, weights vLLM can compute a non-flat distribution with.
 drift_model = (

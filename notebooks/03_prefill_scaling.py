@@ -112,9 +112,7 @@ if before is None:
 values = sorted(set(max_num_batched_tokens_values) | {before, after})
 s_max = curve_max_prompt_len or max_model_len - 1
 roofline = peak_tflops is not None and hbm_tb_s is not None
-print(
-    f"platform {platform}, vLLM {vllm_version()}, model {model}, max_model_len {max_model_len}"
-)
+print(f"platform {platform}, vLLM {vllm_version()}, model {model}, max_model_len {max_model_len}")
 print(
     f"vllm serve's max_num_batched_tokens here: {serve_default}; before {before} -> after {after}"
 )

@@ -18,10 +18,11 @@ import pytest
 # module by its base name with its folder on sys.path (names are unique across folders); a few
 # modules share helpers with another room's (test_launcher uses test_served's `point`), so every
 # room's folder is on the path from the start, not only once pytest reaches it.
-for _room in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name != "golden"):
+for _room in sorted(
+    p for p in Path(__file__).parent.iterdir() if p.is_dir() and p.name != "golden"
+):
     if str(_room) not in sys.path:
         sys.path.append(str(_room))
-
 
 
 class _NoVllm:

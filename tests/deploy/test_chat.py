@@ -40,7 +40,7 @@ import pytest
 from conftest import ENGINE_ENV, ENGINE_SETTINGS
 
 from tunebook.deploy import chat, serve, writers
-from tunebook.engine import flags
+from tunebook.engine import flags, vllm_http
 from tunebook.topics import assemble
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,7 +214,7 @@ def fake():
 
 
 def _closed_port() -> int:
-    return serve.free_port()  # bound and released: nothing listens there
+    return vllm_http.free_port()  # bound and released: nothing listens there
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -267,7 +267,7 @@ python_info{version="3.11"} NaN
 
 
 def test_parse_prometheus_reads_labels_escapes_and_skips_garbage():
-    samples = chat.parse_prometheus(PROM)
+    samples = vllm_http.parse_samples(PROM)
     names = [n for n, _, _ in samples]
     assert "vllm:broken" not in names and "nonsense" not in names
     running = [(lab, v) for n, lab, v in samples if n == "vllm:num_requests_running"]
@@ -279,13 +279,13 @@ def test_parse_prometheus_reads_labels_escapes_and_skips_garbage():
 
 
 def test_server_state_adds_up_engines():
-    st = chat.server_state(chat.parse_prometheus(PROM), t=10.0)
+    st = chat.server_state(vllm_http.parse_samples(PROM), t=10.0)
     assert st.running == 3 and st.waiting == 3 and st.engines == 2
     assert st.kv_cache_usage == pytest.approx(0.375)  # mean over engines, a fraction
     assert (st.prefix_hits, st.prefix_queries, st.prefix_hit_rate) == (50, 200, 0.25)
     assert st.requests_done == 4 and (st.e2e_sum, st.e2e_count) == (2.0, 4.0)
     assert st.generation_tokens == 640
-    assert chat.server_state(chat.parse_prometheus("http_requests_total 3\n")) is None
+    assert chat.server_state(vllm_http.parse_samples("http_requests_total 3\n")) is None
     assert chat.ServerState(t=0, prefix_hits=0, prefix_queries=0).prefix_hit_rate is None
 
 
@@ -317,7 +317,7 @@ def test_window_rates_and_a_restart():
 
 
 def test_panel_rows_show_dashes_for_unknowns():
-    st = chat.server_state(chat.parse_prometheus(PROM))
+    st = chat.server_state(vllm_http.parse_samples(PROM))
     rows = {r["key"]: r["value"] for r in chat.panel_rows(st, {}, 30)}
     assert rows["running"] == "3" and rows["waiting"] == "3"
     assert rows["kv_cache"] == "37.5 %"
@@ -346,9 +346,9 @@ def test_reply_stats():
 
 
 def test_sse_lines_and_error_bodies():
-    assert chat.parse_sse_line('data: {"a": 1}') == {"a": 1}
-    assert chat.parse_sse_line("data: [DONE]") is chat.DONE
-    assert chat.parse_sse_line(": keep-alive") is None and chat.parse_sse_line("") is None
+    assert vllm_http.sse_data('data: {"a": 1}') == {"a": 1}
+    assert vllm_http.sse_data("data: [DONE]") is vllm_http.DONE
+    assert vllm_http.sse_data(": keep-alive") is None and vllm_http.sse_data("") is None
     assert chat.error_text({"error": {"message": "boom"}}) == "boom"
     assert chat.error_text({"object": "error", "message": "bad"}) == "bad"
     assert chat.error_text({"choices": []}) is None
@@ -564,7 +564,7 @@ def test_a_running_deployment_is_reused_and_left_running(tmp_path, fake):
     yml = f"model: /nowhere/fake\nserved-model-name: {FakeServer.MODEL}\nport: {fake.port}\n"
     (folder / "serve.yaml").write_text(yml)
     cmd = ChatCommand(
-        [str(folder), "--port", str(serve.free_port()), "--log-dir", str(tmp_path / "logs")],
+        [str(folder), "--port", str(vllm_http.free_port()), "--log-dir", str(tmp_path / "logs")],
         tmp_path / "chat.out",
     )
     try:
@@ -599,7 +599,7 @@ def test_stream_against_vllm_errors_and_a_killed_server(tmp_path):
 
     config = _deployment(tmp_path / "05_assemble_config") / "serve.yaml"
     proc, root = chat.start_server(
-        config, serve.free_port(), tmp_path / "serve.log", SERVER_START_S, out=lambda s: None
+        config, vllm_http.free_port(), tmp_path / "serve.log", SERVER_START_S, out=lambda s: None
     )
     base = root + "/v1"
 
@@ -719,12 +719,12 @@ def test_chat_with_the_assembled_deployment_in_a_browser(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     folder = _deployment(tmp_path / "runs" / "chat-test" / "05_assemble_config")
-    port = serve.free_port()
+    port = vllm_http.free_port()
     # A free --server-port: on a shared machine another tiny-ernie server may answer on 8000,
     # and the command would rightly use it instead of starting (and stopping) its own.
     cmd = ChatCommand(
         [str(folder), "--port", str(port), "--max-tokens", "48", "--refresh", "1"]
-        + ["--server-port", str(serve.free_port()), "--log-dir", str(tmp_path / "logs")],
+        + ["--server-port", str(vllm_http.free_port()), "--log-dir", str(tmp_path / "logs")],
         tmp_path / "chat.out",
     )
     code, left = None, []
@@ -803,7 +803,7 @@ def test_chat_errors_and_recovery_in_a_browser(tmp_path, fake):
     _browser_requirements()
     from playwright.sync_api import expect, sync_playwright
 
-    port = serve.free_port()
+    port = vllm_http.free_port()
     cmd = ChatCommand(
         ["--url", fake.url, "--port", str(port), "--refresh", "0.5"]
         + ["--log-dir", str(tmp_path / "logs")],

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tunebook.deploy import serve, writers
-from tunebook.engine import adapter, flags
+from tunebook.engine import adapter, flags, vllm_http
 from tunebook.topics import assemble
 
 MIB = 1024**2
@@ -117,7 +117,7 @@ def test_serve_sh_runs_as_written(files, tmp_path):
     """bash serve.sh, with vLLM's own `vllm` on PATH as in an activated venv, answers a completion
     and a chat request; killing its process group leaves nothing behind."""
     paths, _ = files
-    port = serve.free_port()
+    port = vllm_http.free_port()
     base = f"http://127.0.0.1:{port}"
     mark = ("TUNEBOOK_SERVE_SH_TEST", uuid.uuid4().hex)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}

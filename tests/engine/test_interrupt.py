@@ -114,6 +114,10 @@ def test_phase_hook_signals_the_parent_from_an_isolated_child(monkeypatch):
 
 
 def test_phase_without_a_block_or_hook_does_nothing(monkeypatch):
+    sent = []
     monkeypatch.delenv(interrupt.SIGNAL_AT_ENV, raising=False)
+    monkeypatch.setenv(interrupt.PARENT_ENV, "4242")
+    monkeypatch.setattr(interrupt.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     for name in interrupt.PHASES:
         phase(name, "p")
+    assert sent == [] and not interrupt.requested()

@@ -11,7 +11,7 @@ import pytest
 from test_served import point, wait_gone
 
 from tunebook.core.points import Point
-from tunebook.engine import flags, launcher
+from tunebook.engine import flags, launcher, vllm_http
 from tunebook.engine.interrupt import PARENT_ENV
 from tunebook.measure import served
 
@@ -487,7 +487,7 @@ def test_a_forked_server_outlives_clients_that_hang_up_mid_stream(tmp_path):
             time.sleep(0.5)
         time.sleep(2.0)
         assert dep.alive() == [], served.exit_status(dep.procs[0].poll())
-        assert served._get(dep.url + "/health")[0] == 200
+        assert vllm_http.get(dep.url + "/health")[0] == 200
     finally:
         dep.shutdown()
     assert wait_gone() == []

@@ -22,9 +22,9 @@ from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import meets_slo, slo_holds, slo_text
 from tunebook.core.points import Point
 from tunebook.deploy import writers
-from tunebook.engine import flags
+from tunebook.engine import flags, vllm_http
 from tunebook.measure import served
-from tunebook.measure.loadgen import ClientRequest, LoadGenerator, parse_event, record_from_stamps
+from tunebook.measure.loadgen import ClientRequest, LoadGenerator, record_from_stamps
 
 SETTINGS = {"enforce_eager": True, "kv_cache_memory_bytes": 32 << 20, "max_model_len": 512}
 SLO = {"ttft_ms": 5000.0, "tpot_ms": 1000.0}
@@ -205,7 +205,7 @@ vllm:generation_tokens_total{engine="0"} 1.5e3
 vllm:kv_cache_usage_perc{engine="0"} 0.25
 garbage line
 """
-    m = served.parse_prometheus(text)
+    m = vllm_http.parse_totals(text)
     assert m["vllm:num_requests_running"] == 5.0
     assert m["vllm:generation_tokens"] == 1500.0
     assert m["vllm:kv_cache_usage_perc"] == 0.25
@@ -366,7 +366,7 @@ def test_scrape_falls_back_to_the_whole_metrics_where_the_subset_is_not_served(s
     _FakeSSE.gets.clear()
     first, second = dep.scrape(), dep.scrape()
     assert first == second == {"vllm:num_requests_running": 2.0, "vllm:generation_tokens": 7.0}
-    assert _FakeSSE.gets == [served.METRICS_SUBSET, "/metrics", "/metrics"]  # asked once only
+    assert _FakeSSE.gets == [vllm_http.METRICS_SUBSET, "/metrics", "/metrics"]  # asked once only
     assert dep.metrics_path == "/metrics"
 
 
@@ -410,8 +410,9 @@ def test_allowed_bad_requests():
 
 
 def test_sse_parsing():
-    assert parse_event(b"data: [DONE]") is None and parse_event(b": keep-alive") is None
-    assert parse_event(b'data: {"a": 1}\n') == {"a": 1}
+    assert vllm_http.sse_data(b"data: [DONE]") is vllm_http.DONE
+    assert vllm_http.sse_data(b": keep-alive") is None
+    assert vllm_http.sse_data(b'data: {"a": 1}\n') == {"a": 1}
     r = record_from_stamps(
         ClientRequest(0, "hi", 3, 0.0), 1.0, [1.1], {"completion_tokens": 1}, 0.0
     )
@@ -753,17 +754,17 @@ def test_router_spreads_requests_over_replicas(two_replicas):
     assert dep.router_url and len(dep.urls) == 2
     out = dep.run(workload_of(dep.point))
     assert out["metrics"]["num_requests"] == 6 and not out["metrics"].get("failed_requests")
-    per = [served.parse_prometheus(served._get(u + "/metrics")[1]) for u in dep.urls]
+    per = [vllm_http.parse_totals(vllm_http.get(u + "/metrics")[1]) for u in dep.urls]
     assert all(m.get("vllm:generation_tokens", 0) > 0 for m in per)  # both replicas served
     # the sampler's subset: vLLM serves it, with the same values as the whole page, and smaller
-    assert dep.metrics_path == served.METRICS_SUBSET
-    whole = served._get(dep.urls[0] + "/metrics")[1]
-    subset = served._get(dep.urls[0] + served.METRICS_SUBSET)[1]
-    ours = (*served.COUNTERS, *served.GAUGES)
-    assert {k: v for k, v in served.parse_prometheus(whole).items() if k in ours} == (
-        served.parse_prometheus(subset)
+    assert dep.metrics_path == vllm_http.METRICS_SUBSET
+    whole = vllm_http.get(dep.urls[0] + "/metrics")[1]
+    subset = vllm_http.get(dep.urls[0] + vllm_http.METRICS_SUBSET)[1]
+    ours = (*vllm_http.COUNTERS, *vllm_http.GAUGES)
+    assert {k: v for k, v in vllm_http.parse_totals(whole).items() if k in ours} == (
+        vllm_http.parse_totals(subset)
     )
-    assert set(served.parse_prometheus(subset)) == set(ours) and len(subset) < len(whole) / 5
+    assert set(vllm_http.parse_totals(subset)) == set(ours) and len(subset) < len(whole) / 5
     cap = dep.capacity()
     assert cap["kv_tokens_per_replica"] == [65536, 65536] and cap["engine_kv_tokens"] == 131072
     # the deployment check a user runs: completions and chat through the router

@@ -103,9 +103,9 @@ def test_a_replica_that_never_becomes_healthy_times_out_with_its_log(tmp_path, m
     assert err.startswith("TimeoutError: replica 0 did not answer /health within 3 s"), err
     assert "last log lines:" in err and err.rstrip().endswith(LAST_LINE), err
     assert "fake-serve: starting on port" in err  # the tail is the log's, in order
-    # wall_s starts after validation (the first one imports vLLM): the timeout, at most one
-    # /health probe (2 s) and the teardown; not the default 900 s
-    assert 3 <= res["wall_s"] < 3 + 15, res["wall_s"]
+    # The point's own 3 s timeout was the one applied (the message says so), not the default
+    # 900 s; it waited that long at least (a lower bound: no machine is too fast for it).
+    assert res["wall_s"] >= 3, res["wall_s"]
     log = tmp_path / "logs" / "never-healthy" / "replica0.log"
     assert res["log_file"] == str(log) and LAST_LINE in log.read_text()
     assert exited == [True] and left == [[]], left

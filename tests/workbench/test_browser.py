@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 
 import pytest
 from conftest import write_sweep
+
+from tunebook.engine.vllm_http import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -181,10 +182,6 @@ def test_explorer_keeps_exact_slo_and_offers_goodput(tmp_path):
 
 
 # --------------------------------------------------------------------------- JupyterLab
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get_json(url: str, token: str):
@@ -210,7 +207,7 @@ class Lab:
     """A JupyterLab server of this test: its own port, token, config/runtime dirs and session."""
 
     def __init__(self, root: Path, home: Path):
-        self.root, self.port, self.token = root, _free_port(), secrets.token_hex(16)
+        self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = home / "jupyterlab.log"
         cfg, data = home / "config", home / "data"

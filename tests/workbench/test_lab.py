@@ -22,16 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from tunebook.engine.vllm_http import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 START_S = 120  # a shared two-core machine has taken 40 s to bring JupyterLab up
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, token: str) -> tuple[int, bytes]:
@@ -60,7 +54,7 @@ def test_lab_starts_and_offers_the_tunebook_kernel(user):
         pytest.skip(f"{jupyter} cannot be run by another user here (its Python is private)")
     home = Path(tempfile.mkdtemp(prefix="tunebook-lab-"))
     home.chmod(0o777)  # the other user writes its Jupyter folders here
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
         "HOME": str(home),

@@ -44,6 +44,22 @@ from pathlib import Path
 
 from tunebook.deploy import serve
 from tunebook.engine import flags
+from tunebook.engine.vllm_http import (
+    DONE,
+    E2E,
+    GEN_TOKENS,
+    KV_USAGE,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    REQUESTS_DONE,
+    RUNNING,
+    WAITING,
+    Sample,
+    free_port,
+    parse_samples,
+    port_free,
+    sse_data,
+)
 
 ENV_PREFIX = "TUNEBOOK_CHAT_"
 APP_FILE = Path(__file__).with_name("chat_app.py")
@@ -59,15 +75,6 @@ ARTICLE_PROMPTS = (
     "写一篇关于环境保护的短文，300字左右。",
     "解释一下什么是机器学习，用简单的语言说明。",
 )
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"  # a fraction despite the name: 1 means full
-PREFIX_HITS = "vllm:prefix_cache_hits"
-PREFIX_QUERIES = "vllm:prefix_cache_queries"
-REQUESTS_DONE = "vllm:request_success"
-E2E = "vllm:e2e_request_latency_seconds"
-GEN_TOKENS = "vllm:generation_tokens"
 
 
 # --------------------------------------------------------------------------- configuration
@@ -163,53 +170,6 @@ def request_body(cfg: ChatConfig, model: str, messages: list[dict]) -> dict:
 
 
 # --------------------------------------------------------------------------- Prometheus text
-Sample = tuple[str, dict[str, str], float]
-
-
-def parse_prometheus(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition: (name, labels, value). Comments and lines that do
-    not parse are skipped (a partial page must not stop the panel)."""
-    out: list[Sample] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            name, labels, rest = _split_sample(line)
-            out.append((name, labels, float(rest.split()[0])))
-        except (ValueError, IndexError):
-            continue
-    return out
-
-
-_ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
-
-
-def _split_sample(line: str) -> tuple[str, dict[str, str], str]:
-    brace, space = line.find("{"), line.find(" ")
-    if brace == -1 or (space != -1 and space < brace):
-        name, rest = line.split(None, 1)
-        return name, {}, rest
-    labels: dict[str, str] = {}
-    i = brace + 1
-    while True:
-        while line[i] in " ,":
-            i += 1
-        if line[i] == "}":
-            return line[:brace], labels, line[i + 1 :]
-        eq = line.index("=", i)
-        if line[eq + 1] != '"':
-            raise ValueError(line)
-        j, val = eq + 2, []
-        while line[j] != '"':  # label values may hold spaces, commas, braces and escapes
-            if line[j] == "\\":
-                val.append(_ESCAPES.get(line[j + 1], line[j + 1]))
-                j += 2
-            else:
-                val.append(line[j])
-                j += 1
-        labels[line[i:eq].strip()] = "".join(val)
-        i = j + 1
 
 
 def _values(samples: Iterable[Sample], name: str) -> list[float]:
@@ -389,7 +349,7 @@ class Monitor:
         failed = [
             u for u, p in zip(self.cfg.metrics, pages, strict=True) if isinstance(p, BaseException)
         ]
-        samples = [s for p in pages if isinstance(p, str) for s in parse_prometheus(p)]
+        samples = [s for p in pages if isinstance(p, str) for s in parse_samples(p)]
         if len(failed) == len(self.cfg.metrics):
             self.history.clear()
             self.model = self.cfg.model
@@ -492,23 +452,6 @@ class ChatError(Exception):
         self.kind, self.detail, self.partial = kind, detail, partial
 
 
-DONE = object()
-
-
-def parse_sse_line(line: str):
-    """One server-sent-events line: the JSON of a ``data:`` line, DONE, or None (anything else)."""
-    line = line.strip()
-    if not line.startswith("data:"):
-        return None
-    payload = line[5:].strip()
-    if payload == "[DONE]":
-        return DONE
-    try:
-        return json.loads(payload)
-    except ValueError:
-        return None
-
-
 def error_text(payload) -> str | None:
     """The message of an OpenAI-style error body (``{"error": {...}}`` or vLLM's
     ``{"object": "error", ...}``), else None."""
@@ -583,7 +526,10 @@ async def stream_chat(client, base: str, body: dict, stats: ReplyStats) -> Async
             if r.status_code != 200:
                 raise http_error(r.status_code, await r.aread())
             async for line in r.aiter_lines():
-                ev = parse_sse_line(line)
+                try:
+                    ev = sse_data(line)
+                except ValueError:  # a line that is not JSON: skipped, as a browser would
+                    continue
                 if ev is None:
                     continue
                 if ev is DONE:
@@ -670,17 +616,6 @@ def _answers(url: str, timeout: float = 2.0) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-def _port_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
 
 
 def prepare_app_root(root: Path, cfg: ChatConfig) -> Path:
@@ -826,11 +761,11 @@ def main(argv: list[str] | None = None) -> int:
                 base = here + "/v1"
                 print(f"[chat] using the server already running at {here} ({', '.join(served)})")
             else:
-                if not _port_free("127.0.0.1", port):
+                if not port_free(port, "127.0.0.1"):
                     if args.server_port:
                         print(f"tunebook.chat: error: port {port} is taken", file=sys.stderr)
                         return 2
-                    port = serve.free_port()
+                    port = free_port()
                 try:
                     server, base = start_server(config, port, logs / "serve.log", args.timeout)
                 except (RuntimeError, TimeoutError) as e:
@@ -851,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
             label=label,
         )
         prepare_app_root(root, cfg)
-        if not _port_free(args.host, args.port):
+        if not port_free(args.port, args.host):
             print(f"tunebook.chat: error: port {args.port} is taken (--port)", file=sys.stderr)
             return 2
         try:

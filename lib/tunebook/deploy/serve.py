@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from tunebook.engine.flags import split_env, vllm_command
 from tunebook.engine.isolation import kill_group, spawn
+from tunebook.engine.vllm_http import DONE, free_port, sse_data
 
 CHAT_MESSAGE = "你好，请用一句话介绍一下你自己。"
 COMPLETION_PROMPT = "The capital of France is"
@@ -43,10 +43,6 @@ COMPLETION_PROMPT = "The capital of France is"
 
 
 # --------------------------------------------------------------------------- HTTP
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(
@@ -84,17 +80,19 @@ def stream(url: str, body: dict, timeout: float = 60.0) -> dict:
     with urllib.request.urlopen(req, timeout=timeout) as r:
         status = r.status
         for line in r:
-            line = line.decode(errors="replace").strip()
-            if not line.startswith("data:"):
+            try:
+                ev = sse_data(line)
+            except ValueError:
                 continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
+            if ev is None:
+                continue
+            if ev is DONE:
                 break
             if first is None:
                 first = time.perf_counter()
             try:
-                chunks.append(json.loads(payload)["choices"][0].get("text") or "")
-            except (ValueError, KeyError, IndexError):
+                chunks.append(ev["choices"][0].get("text") or "")
+            except (KeyError, IndexError, TypeError):
                 pass
     t1 = time.perf_counter()
     return {

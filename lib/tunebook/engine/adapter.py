@@ -23,16 +23,7 @@ from tunebook.core.metrics import GaugeSampler, summarize
 from tunebook.core.model import load_shape, resolve_model_dir
 from tunebook.core.points import Point
 from tunebook.core.workloads import Workload, make_workload
-
-# Counters whose change over a run we report (name in vLLM -> our name).
-COUNTERS = {
-    "vllm:num_preemptions": "num_preemptions",
-    "vllm:prefix_cache_hits": "prefix_cache_hits",
-    "vllm:prefix_cache_queries": "prefix_cache_queries",
-    "vllm:prompt_tokens": "engine_prompt_tokens",
-    "vllm:generation_tokens": "engine_generation_tokens",
-}
-GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+from tunebook.engine.vllm_http import COUNTERS, GAUGES
 
 
 # --------------------------------------------------------------------------- introspection

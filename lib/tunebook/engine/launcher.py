@@ -321,6 +321,32 @@ def pardon(kind: str, env: dict[str, str]) -> None:
         _REFUSED.discard(_key(kind, env))
 
 
+def settle(
+    kind: str,
+    env: dict[str, str],
+    *,
+    forked: bool,
+    ok: bool,
+    external: bool = False,
+    retried: bool = False,
+) -> bool:
+    """What a started process's outcome says about the launcher of ``env``; True: start it
+    afresh (once). The one fork-then-fallback rule of isolated points and `vllm serve` replicas:
+
+    - forked and worked: the launcher is vouched for, its later failures are the process's own;
+    - forked and failed of itself (``external``: a signal or a timeout from outside is not the
+      fork's doing): unless the launcher worked before, fork no more and start afresh;
+    - started afresh after that (``retried``) and failed again: not the fork, pardon it.
+    """
+    if forked and ok:
+        vouch(kind, env)
+    elif forked and not external:
+        return refuse(kind, env)
+    elif not forked and not ok and retried:
+        pardon(kind, env)
+    return False
+
+
 def enabled() -> bool:
     """Whether servers and isolated points may be forked from a launcher: vLLM's CLI importable
     by this Python, and not switched off by ``TUNEBOOK_LAUNCHER=0``."""

@@ -255,23 +255,24 @@ def run_point(
                     error = f"engine process died ({how}) before writing a result"
                 reason = failure_reason(log_text)
                 result = _failed(point, error + (f"; log: {reason}" if reason else ""))
-            if process_start == "forked":
-                if result.get("status") == "ok":
-                    launcher.vouch("engine", env)
-                elif not timed_out and not killed and launcher.refuse("engine", env):
-                    # No point of this launcher has worked yet: the fork may be the cause (a
-                    # signal or the timeout came from outside: the point's own failure).
-                    print(
-                        f"tunebook: point {point.point_id} forked from the launcher failed"
-                        f" ({result.get('error')}); running it as a new process",
-                        file=sys.stderr,
-                    )
-                    log_path.replace(log_path.with_suffix(".forked.log"))
-                    res_file.unlink(missing_ok=True)
-                    fork, fork_failure = False, result.get("error")
-                    continue
-            elif fork_failure and result.get("status") != "ok":  # afresh, it failed too
-                launcher.pardon("engine", env)
+            afresh = launcher.settle(
+                "engine",
+                env,
+                forked=process_start == "forked",
+                ok=result.get("status") == "ok",
+                external=timed_out or killed,
+                retried=fork_failure is not None,
+            )
+            if afresh:
+                print(
+                    f"tunebook: point {point.point_id} forked from the launcher failed"
+                    f" ({result.get('error')}); running it as a new process",
+                    file=sys.stderr,
+                )
+                log_path.replace(log_path.with_suffix(".forked.log"))
+                res_file.unlink(missing_ok=True)
+                fork, fork_failure = False, result.get("error")
+                continue
             break
         if (
             result.get("status") != "ok"

@@ -20,11 +20,9 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-KV = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-PREEMPTIONS = "vllm:num_preemptions"
-GEN_TOKENS = "vllm:generation_tokens"
+from tunebook.engine.vllm_http import GEN_TOKENS, PREEMPTIONS, RUNNING, WAITING
+from tunebook.engine.vllm_http import KV_USAGE as KV
+
 PANEL_CLASS = "tunebook-live"
 
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from tunebook.core.metrics import meets_slo, percentile
+from tunebook.engine.vllm_http import DONE, sse_data
 
 LEAD_S = 0.5  # workers start their clocks together this long after the schedule is handed out
 LAG_OK_MS = 20.0  # a p99 send lag above this means the client, not the server, set the pace
@@ -57,17 +58,6 @@ def request_body(req: ClientRequest, model: str, api: str, sampling: dict) -> di
     else:
         body["prompt"] = req.prompt
     return body
-
-
-def parse_event(line: bytes) -> dict | None:
-    """One SSE line -> its JSON payload; None for keep-alives, blank lines and ``[DONE]``."""
-    line = line.strip()
-    if not line.startswith(b"data:"):
-        return None
-    data = line[5:].strip()
-    if not data or data == b"[DONE]":
-        return None
-    return json.loads(data)
 
 
 def _has_content(ev: dict) -> bool:
@@ -179,8 +169,8 @@ async def _send_all(
                         text = (await resp.text())[:300]
                         raise RuntimeError(f"HTTP {resp.status}: {text}")
                     async for line in resp.content:
-                        ev = parse_event(line)
-                        if ev is None:
+                        ev = sse_data(line)
+                        if ev is None or ev is DONE:
                             continue
                         if ev.get("usage"):
                             usage = ev["usage"]

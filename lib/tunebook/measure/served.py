@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -58,6 +57,15 @@ from tunebook.engine.isolation import (
     memory_text,
     oom_kills,
     spawn,
+)
+from tunebook.engine.vllm_http import (
+    COUNTERS,
+    GAUGES,
+    METRICS_SUBSET,
+    free_port,
+    get,
+    parse_totals,
+    port_free,
 )
 from tunebook.measure.loadgen import ClientRequest, LoadGenerator
 
@@ -110,21 +118,6 @@ SEARCH_DEFAULTS = {
     # fewer than growing from start_rps again). False: every start searches from start_rps.
     "start_near_earlier": True,
 }
-# Prometheus series summed over replicas (counters: change over a run; gauges: peak).
-COUNTERS = {
-    "vllm:num_preemptions": "num_preemptions",
-    "vllm:prefix_cache_hits": "prefix_cache_hits",
-    "vllm:prefix_cache_queries": "prefix_cache_queries",
-    "vllm:prompt_tokens": "engine_prompt_tokens",
-    "vllm:generation_tokens": "engine_generation_tokens",
-}
-GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
-# Only those series, rendered by the server: vLLM mounts prometheus_client's own app under
-# /metrics/ (its plain /metrics renders every histogram, milliseconds of the API server's loop
-# per sample), and that app answers ``name[]`` (sample names: a counter's carries ``_total``).
-METRICS_SUBSET = "/metrics/?" + urllib.parse.urlencode(
-    [("name[]", f"{k}_total") for k in COUNTERS] + [("name[]", g) for g in GAUGES]
-)
 
 
 # --------------------------------------------------------------------------- checks before a start
@@ -150,15 +143,6 @@ def router_executable() -> str | None:
     if here.is_file():
         return str(here)
     return shutil.which("vllm-router")
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def check_deployment(point: Point) -> None:
@@ -261,33 +245,6 @@ def _check_memory(point: Point, n: int, src: str) -> None:
 
 
 # --------------------------------------------------------------------------- Prometheus
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum each series of a Prometheus text exposition over its label sets.
-
-    Counters are exposed with a ``_total`` suffix; it is dropped so that names match vLLM's.
-    """
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
-        try:
-            v = float(value)
-        except ValueError:
-            continue
-        if name.endswith("_total"):
-            name = name[: -len("_total")]
-        out[name] = out.get(name, 0.0) + v
-    return out
-
-
-def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, ""
 
 
 # --------------------------------------------------------------------------- the deployment
@@ -389,7 +346,7 @@ class Deployment:
     def start(self) -> Deployment:
         t0 = time.perf_counter()
         base = self.point.serve.get("port")
-        ports = [base + i if base else _free_port() for i in range(self.replicas)]
+        ports = [base + i if base else free_port() for i in range(self.replicas)]
         try:
             # With a fixed KV size there is no memory profiling to race: start all at once.
             together = "kv_cache_memory_bytes" in self.kwargs or self.replicas == 1
@@ -400,7 +357,7 @@ class Deployment:
             for i in range(self.replicas):
                 self._wait_healthy(i)
             if self.replicas > 1 or self.point.serve.get("router_policy"):
-                self._start_router((base + self.replicas) if base else _free_port())
+                self._start_router((base + self.replicas) if base else free_port())
             self.client = LoadGenerator(self.client_workers)
         except BaseException:
             self.shutdown()
@@ -440,9 +397,15 @@ class Deployment:
                 text = log.read_text(errors="replace")
                 reason = failure_reason(text) or _tail(text)
                 forked = isinstance(proc, launcher.LaunchedProcess)
-                if forked and proc.returncode > 0 and launcher.refuse("serve", self._env(i)):
-                    # No server of this launcher has worked yet: the fork may be the cause (a
-                    # signal came from outside).
+                afresh = launcher.settle(
+                    "serve",
+                    self._env(i),
+                    forked=forked,
+                    ok=False,
+                    external=proc.returncode <= 0,  # a signal came from outside
+                    retried=self.fork_failure is not None,
+                )
+                if afresh:
                     print(
                         f"tunebook: replica {i} forked from the launcher exited before it became"
                         f" healthy ({reason}); starting it as a new process",
@@ -455,16 +418,14 @@ class Deployment:
                     self.procs[i] = self._spawn_replica(i)
                     deadline = time.monotonic() + self.start_timeout_s
                     continue
-                if self.fork_failure and not forked:  # afresh, it failed too: not the fork
-                    launcher.pardon("serve", self._env(i))
                 raise RuntimeError(
                     f"replica {i} (vllm serve) exited with code {proc.returncode} before it"
                     f" became healthy: {reason}"
                 )
             with contextlib.suppress(OSError, urllib.error.URLError):
-                if _get(url + "/health", timeout=2)[0] == 200:
-                    if isinstance(proc, launcher.LaunchedProcess):
-                        launcher.vouch("serve", self._env(i))
+                if get(url + "/health", timeout=2)[0] == 200:
+                    forked = isinstance(proc, launcher.LaunchedProcess)
+                    launcher.settle("serve", self._env(i), forked=forked, ok=True)
                     return
             time.sleep(0.5)
         raise TimeoutError(
@@ -480,7 +441,7 @@ class Deployment:
             "-m",
             "tunebook.engine.isolation",
             "--",
-            *self.router_argv(port, _free_port()),
+            *self.router_argv(port, free_port()),
         ]
         with open(log, "w") as f:
             self.router = spawn(cmd, f, base_env())
@@ -492,7 +453,7 @@ class Deployment:
                     f" {_tail(log.read_text(errors='replace'))}"
                 )
             with contextlib.suppress(OSError, urllib.error.URLError):
-                if _get(self.router_url + "/health", timeout=2)[0] == 200:
+                if get(self.router_url + "/health", timeout=2)[0] == 200:
                     return
             time.sleep(0.25)
         raise TimeoutError(f"vllm-router did not answer /health within 120 s at {self.router_url}")
@@ -619,10 +580,10 @@ class Deployment:
         """One replica's series: the subset, or the whole /metrics where the subset is not served."""
         for path in dict.fromkeys((self.metrics_path, "/metrics")):
             try:
-                status, text = _get(url + path, timeout=5)
+                status, text = get(url + path, timeout=5)
             except (OSError, urllib.error.URLError):
                 return {}
-            m = parse_prometheus(text) if status == 200 else {}
+            m = parse_totals(text) if status == 200 else {}
             if "vllm:num_requests_running" in m:  # a gauge every vLLM server exports
                 self.metrics_path = path
                 return m
@@ -1027,10 +988,6 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
 
 
 # --------------------------------------------------------------------------- small helpers
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(text: str, n: int = 15) -> str:
@@ -1116,4 +1073,4 @@ def describe(result: dict) -> str:
     )
 
 
-__all__ = ["Deployment", "check_deployment", "execute_served", "parse_prometheus", "search_rates"]
+__all__ = ["Deployment", "check_deployment", "execute_served", "search_rates"]

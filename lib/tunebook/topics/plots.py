@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from tunebook.engine.vllm_http import KV_USAGE, RUNNING, WAITING
+
 
 def _agg(df, x: str, y: str, color: str | None):
     keys = [x] + ([color] if color else [])
@@ -44,9 +46,9 @@ def timeline(samples: list[dict], title: str = "engine state during the run"):
     fig = go.Figure()
     t = [s["t_s"] for s in samples]
     for key, name in (
-        ("vllm:kv_cache_usage_perc", "KV cache usage (fraction)"),
-        ("vllm:num_requests_running", "running"),
-        ("vllm:num_requests_waiting", "waiting"),
+        (KV_USAGE, "KV cache usage (fraction)"),
+        (RUNNING, "running"),
+        (WAITING, "waiting"),
     ):
         fig.add_scatter(
             x=t,

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tunebook.core import claims
+from tunebook.core.claims import headline  # noqa: F401 (a notebook's checked verdict line)
 from tunebook.core.results import first_missing
 from tunebook.engine import isolation, launcher
 from tunebook.engine.checkpoint import prepare_random_init
@@ -157,3 +159,14 @@ def end(run_dir: str | Path, notebook: str) -> None:
     print(cost.starts_table(cost.starts(run_dir, notebook)))
     if text := cost.compiles_text(cost.compiles(run_dir, notebook)):
         print(text)
+
+
+def record_verdicts(run_dir: str | Path, notebook: str, verdicts: list[dict]):
+    """Write the notebook's verdicts into the run's claims ledger; return their table to display."""
+    claims.write(run_dir, notebook, verdicts)
+    return claims.table(verdicts)
+
+
+def verdicts_text(verdicts: list[dict]) -> str:
+    """Each verdict in words: claim, verdict, figure with its spread, evidence, note."""
+    return "\n".join(claims.describe(v) for v in verdicts)

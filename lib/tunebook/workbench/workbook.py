@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunebook.core.model import ModelShape, load_shape
+from tunebook.core.model import ModelShape, load_shape  # noqa: F401 (load_shape: notebooks' other shapes)
 from tunebook.core.results import SweepDir, load_sweep, safe_name
 from tunebook.engine.adapter import platform_name, vllm_version  # noqa: F401 (what notebooks print)
 from tunebook.engine.launcher import wait_ready
-from tunebook.measure.sweep import make_points, run_sweep
+from tunebook.measure.sweep import grid, make_points, run_sweep  # noqa: F401 (grid: notebooks' configs)
 from tunebook.workbench.console import PROGRESS_FILE
 
 
