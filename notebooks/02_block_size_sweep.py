@@ -45,10 +45,9 @@ import os
 import pandas as pd
 from IPython.display import display
 
-from tunebook.core import claims
-from tunebook.measure.sweep import grid
-from tunebook.topics import blocksize, plots, prefill
-from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
+from tunebook.topics import blocksize
+from tunebook.workbench.notebook import headline, record_verdicts, verdicts_text
+from tunebook.workbench.workbook import Workbook, grid, platform_name, vllm_version
 
 pd.set_option("display.max_colwidth", 160)
 
@@ -83,24 +82,11 @@ if not isolate:  # in-process engines log into this notebook; isolated ones log 
     # must keep vLLM's INFO lines (the attention backend in use is read from them)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "02_block_size_sweep", model, engine_settings, engine_env, isolate=isolate)
-shape = wb.shape
-platform = platform_name()
-speed_meaningful = platform != "cpu"  # a tiny model on CPU says nothing about GPU speed
-prefix_share = prefix_len / prompt_len
-workload = {
-    "kind": "shared_prefix",
-    "num_requests": num_requests,
-    "prompt_len": prompt_len,
-    "prefix_share": prefix_share,
-    "num_prefixes": num_prefixes,
-    "output_len": output_len,
-    "seed": 0,
-}
-assert round(prompt_len * prefix_share) == prefix_len, "prefix length must round-trip"
-print(f"platform {platform}, vLLM {vllm_version()}, model {model}")
-print(
-    f"workload: {num_requests} x ({prompt_len} prompt tokens, {prefix_len} of them shared; {output_len} out)"
+speed_meaningful = platform_name() != "cpu"  # a tiny model on CPU says nothing about GPU speed
+workload = blocksize.shared_prefix_workload(
+    num_requests, prompt_len, prefix_len, num_prefixes, output_len
 )
+print(blocksize.setup_text(platform_name(), vllm_version(), model, workload))
 
 # %% [markdown]
 # ## 1. Which block sizes are valid here
@@ -109,26 +95,15 @@ print(
 
 # %%
 screened = blocksize.screen(block_sizes, engine_settings)
-probe = wb.sweep(
-    "block_size",
-    grid("block_size", blocksize.passed(screened)),
-    workload,
-    repeats=1,
-    mode="offline",
-)
+probe_configs = grid("block_size", blocksize.passed(screened))
+wb.sweep("block_size", probe_configs, workload, repeats=1, mode="offline")
 validity = blocksize.validity(screened, wb.results("block_size"))
 valid = blocksize.valid_sizes(validity)
 display(pd.DataFrame(validity))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for r in validity:
-    status = "valid" if r["valid"] else "invalid"
-    reason = f": {r['error'].splitlines()[0]}" if r["error"] else ""
-    print(
-        f"block_size {r['block_size']:>4}: {status} (check {r['settings check']}, engine {r['engine']}){reason}"
-    )
-print("valid block sizes:", valid)
+print(blocksize.validity_text(validity))
 
 # %% [markdown]
 # ## 2. Each valid size, with repeats
@@ -139,41 +114,17 @@ print("valid block sizes:", valid)
 sweep_df = wb.sweep(
     "block_size", grid("block_size", valid), workload, repeats=repeats, mode="offline"
 )
-failed = sweep_df[sweep_df["status"] != "ok"]
-if len(failed):
-    display(failed[["point_id", "status", "error"]])
-results = [p for p in wb.results("block_size") if blocksize.requested_block_size(p) in valid]
-pp = blocksize.per_point(results, prefix_len)
+if len(failed := blocksize.failed_points(sweep_df)):
+    display(failed)
+pp = blocksize.per_point(blocksize.results_for(wb.results("block_size"), valid), prefix_len)
 summary = blocksize.summary(pp, prefix_len)
 display(summary)
 
 # %%
-fig = plots.bar_with_spread(
-    pp,
-    "block_size",
-    "output_throughput_tok_s",
-    title="Output throughput per block size (median, min-max over engine starts)",
-    yaxis="output tokens/s",
-)
-fig.show()
+blocksize.throughput_figure(pp).show()
 
 # %%
-lat_cols = {
-    "TTFT p50": "ttft_p50_ms",
-    "TTFT p99": "ttft_p99_ms",
-    "TPOT p50": "tpot_p50_ms",
-    "TPOT p99": "tpot_p99_ms",
-}
-lat = prefill.long_form(pp, "block_size", lat_cols)
-fig = plots.bar_with_spread(
-    lat,
-    "block_size",
-    "value",
-    color="metric",
-    title="TTFT and TPOT percentiles per block size",
-    yaxis="ms",
-)
-fig.show()
+blocksize.latency_figure(pp).show()
 
 # %% [markdown]
 # ### KV capacity
@@ -183,13 +134,7 @@ fig.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 kv_bytes = engine_settings.get("kv_cache_memory_bytes")
-print(f"KV bytes per token: {shape.kv_bytes_per_token():,}")
-for _, r in summary.iterrows():
-    pred = shape.kv_capacity_tokens(kv_bytes, int(r["block_size"])) if kv_bytes else None
-    extra = f" (arithmetic {pred:,})" if pred is not None else ""
-    print(
-        f"block_size {int(r['block_size']):>4}: {int(r['num_gpu_blocks']):>6,} blocks, {int(r['kv_capacity_tokens']):>10,} tokens{extra}"
-    )
+print(blocksize.capacity_text(summary, wb.shape, kv_bytes))
 
 # %% [markdown]
 # ### Prefix-cache hits are counted in whole blocks
@@ -199,30 +144,10 @@ for _, r in summary.iterrows():
 # %%
 # NBVAL_CHECK_OUTPUT
 gran = blocksize.granularity_check(pp, prefix_len)
-for g in gran:
-    print(
-        f"block_size {g['block_size']:>4}: cached tokens per later request {g['measured']},"
-        f" floor({prefix_len}/{g['block_size']})*{g['block_size']} = {g['expected']},"
-        f" {'match' if g['match'] else 'MISMATCH'}"
-    )
+print(blocksize.granularity_text(gran, prefix_len))
 
 # %%
-summary["shared prefix"] = prefix_len
-fig = plots.lines(
-    summary,
-    "block_size",
-    {
-        "measured cached tokens per later request": "cached tokens / warm request",
-        "floor(prefix / block) x block": "floor(prefix/block)*block",
-        "shared prefix length": "shared prefix",
-    },
-    title=f"Prefix-cache hits of a {prefix_len}-token shared prefix",
-    xaxis="block_size (log scale)",
-    yaxis="tokens",
-    dashed=("floor(prefix / block) x block", "shared prefix length"),
-    log_x=True,
-)
-fig.show()
+blocksize.prefix_hits_figure(summary, prefix_len).show()
 
 # %% [markdown]
 # ## 3. Attention backends
@@ -231,71 +156,41 @@ fig.show()
 # runs CPU_ATTN and only logs "Cannot use ... backend on CPU" for any other request).
 
 # %%
-bk_configs = {
-    f"attention_backend={b}": {
-        "settings": {"attention_backend": b, "block_size": backend_block_size}
-    }
-    for b in attention_backends
-}
-bk_df = (
+bk_configs = blocksize.backend_configs(attention_backends, backend_block_size)
+bk_results = []
+if bk_configs:
     wb.sweep("attention_backend", bk_configs, workload, repeats=backend_repeats, mode="offline")
-    if bk_configs
-    else None
-)
-bk_results = wb.results("attention_backend") if bk_configs else []
-bk_failed = [p for p in bk_results if p.get("status") != "ok"]
-for p in bk_failed:
-    print(f"{p['config']}: {p.get('error')}")
-bk_pp = blocksize.per_point(bk_results, prefix_len)
-base_pp = pp[pp["block_size"] == backend_block_size]
-backends = pd.concat([base_pp, bk_pp], ignore_index=True) if len(bk_pp) else base_pp
+    bk_results = wb.results("attention_backend")
+if bk_failures := blocksize.failures_text(bk_results):
+    print(bk_failures)
+backends = blocksize.backends_frame(pp, bk_results, prefix_len, backend_block_size)
 display(blocksize.backend_rows(backends))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for (asked, used), _g in backends.groupby(
-    ["attention_backend (asked)", "attention_backend (used)"], sort=False
-):
-    print(f"attention_backend asked {asked}: used {used}")
-print("backends in use here:", sorted(set(backends["attention_backend (used)"])))
+print(blocksize.backends_text(backends))
 
 # %%
 if len(backends):
-    backends["backend"] = (
-        backends["attention_backend (asked)"] + " -> " + backends["attention_backend (used)"]
-    )
-    fig = plots.bar_with_spread(
-        backends,
-        "backend",
-        "output_throughput_tok_s",
-        title=f"Output throughput per attention backend (block_size {backend_block_size})",
-        yaxis="output tokens/s",
-    )
-    fig.show()
+    blocksize.backend_figure(backends, backend_block_size).show()
 
 # %% [markdown]
 # ## 4. Verdict on the article's claim
 
 # %%
+evidence = str(wb.sweep_dir("block_size"))
 verdicts = [
     blocksize.c4_verdict(
-        validity,
-        pp,
-        gran,
-        prefix_len,
-        evidence=str(wb.sweep_dir("block_size")),
-        speed_meaningful=speed_meaningful,
+        validity, pp, gran, prefix_len, evidence, speed_meaningful=speed_meaningful
     )
 ]
-claims.write(run_dir, "02_block_size_sweep", verdicts)
-display(claims.table(verdicts))
-for v in verdicts:
-    print(claims.describe(v))
+display(record_verdicts(run_dir, "02_block_size_sweep", verdicts))
+print(verdicts_text(verdicts))
 
 # %%
 # NBVAL_CHECK_OUTPUT
 # C4's verdict on CPU rests on which block sizes the backend accepts (its speed figures vary).
-print(claims.headline(verdicts[0]))
+print(headline(verdicts[0]))
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.

@@ -47,14 +47,12 @@
 import os
 from typing import Optional  # papermill reads Optional[int] in the parameters, not int | None
 
-import numpy as np
 import pandas as pd
 from IPython.display import display
 
-from tunebook.core import claims
-from tunebook.measure.sweep import grid
-from tunebook.topics import plots, prefill
-from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
+from tunebook.topics import prefill
+from tunebook.workbench.notebook import record_verdicts, verdicts_text
+from tunebook.workbench.workbook import Workbook, grid, platform_name, vllm_version
 
 pd.set_option("display.max_colwidth", 160)
 
@@ -99,28 +97,18 @@ if not isolate:  # in-process engines log into this notebook; isolated ones log 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is first imported
 wb = Workbook(run_dir, "03_prefill_scaling", model, engine_settings, engine_env, isolate=isolate)
 shape = wb.shape
-platform = platform_name()
-speed_meaningful = platform != "cpu"  # a tiny model on CPU says nothing about GPU speed
-max_model_len = int(engine_settings.get("max_model_len") or shape.max_position_embeddings)
-serve_default = prefill.serve_default_batched_tokens()
-before = before_max_num_batched_tokens or serve_default
-after = after_max_num_batched_tokens
-if before is None:
-    raise ValueError(
-        "the installed vLLM does not say its server default: set before_max_num_batched_tokens"
-    )
-values = sorted(set(max_num_batched_tokens_values) | {before, after})
-s_max = curve_max_prompt_len or max_model_len - 1
-roofline = peak_tflops is not None and hbm_tb_s is not None
-print(f"platform {platform}, vLLM {vllm_version()}, model {model}, max_model_len {max_model_len}")
-print(
-    f"vllm serve's max_num_batched_tokens here: {serve_default}; before {before} -> after {after}"
+speed_meaningful = platform_name() != "cpu"  # a tiny model on CPU says nothing about GPU speed
+plan = prefill.plan(
+    engine_settings,
+    shape,
+    max_num_batched_tokens_values,
+    before_max_num_batched_tokens,
+    after_max_num_batched_tokens,
+    curve_max_prompt_len,
+    mixed_mode,
+    serve_default=prefill.serve_default_batched_tokens(),
 )
-# Served results are kept apart from in-process ones: the two are different measurements.
-mixed_sweep = (
-    "max_num_batched_tokens" if mixed_mode == "online" else f"max_num_batched_tokens_{mixed_mode}"
-)
-print(f"max_num_batched_tokens swept under mixed load ({mixed_mode}): {values}")
+print(prefill.setup_text(plan, platform_name(), vllm_version(), model))
 
 # %% [markdown]
 # ## 1. The arithmetic: prefill FLOPs and the roofline floor
@@ -130,205 +118,71 @@ print(f"max_num_batched_tokens swept under mixed load ({mixed_mode}): {values}")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-coef = prefill.prefill_coefficients(shape)
-print(prefill.doc_coefficients(shape))
-print(
-    f"non-embedding parameters N = {coef['non_embedding_params']:,.0f}; L={shape.num_hidden_layers}, H={shape.num_attention_heads}, d={shape.head_dim}"
-)
-print(f"attention term overtakes the weight term at S = {prefill.crossover_len(shape):,.0f} tokens")
-print(
-    f"weights {coef['weight_bytes'] / 1e9:.3f} GB, KV {coef['kv_bytes_per_token']:,.0f} B per token"
-)
-print(
-    "roofline floor:",
-    f"{peak_tflops} TFLOP/s, {hbm_tb_s} TB/s"
-    if roofline
-    else "not drawn (no peak figures for this device)",
-)
+print(prefill.arithmetic_text(shape, peak_tflops, hbm_tb_s))
 
 # %% [markdown]
 # ## 2. TTFT against prompt length, one request at a time
 
 # %%
-curve_cfg = {
-    f"max_num_batched_tokens={before}": {
-        "settings": {"max_num_batched_tokens": before, "max_num_seqs": 1}
-    }
-}
-curve_workload = {
-    "kind": "uniform",
-    "num_requests": curve_num_requests,
-    "min_prompt_len": curve_min_prompt_len,
-    "max_prompt_len": s_max,
-    "output_len": 1,
-    "seed": 0,
-}
-curve_df = wb.sweep("ttft_curve", curve_cfg, curve_workload, repeats=curve_repeats, mode="offline")
-curve_results = wb.results("ttft_curve")
-curve = prefill.curve_points(curve_results, field="prefill_ms")
-for p in curve_results:
-    if p.get("status") != "ok":
-        print(f"{p['point_id']} failed: {p.get('error')}")
-display(
-    curve.groupby("repeat").agg(
-        requests=("alone_ms", "size"),
-        shortest=("prompt_tokens", "min"),
-        longest=("prompt_tokens", "max"),
-        fastest_ms=("alone_ms", "min"),
-        median_ms=("alone_ms", "median"),
-        slowest_ms=("alone_ms", "max"),
-    )
+curve_cfg = prefill.curve_configs(plan.before)
+curve_workload = prefill.curve_workload(
+    curve_num_requests, curve_min_prompt_len, plan.curve_max_prompt_len
 )
+wb.sweep("ttft_curve", curve_cfg, curve_workload, repeats=curve_repeats, mode="offline")
+curve_results = wb.results("ttft_curve")
+if curve_failures := prefill.failures_text(curve_results):
+    print(curve_failures)
+curve = prefill.curve_points(curve_results, field="prefill_ms")
+display(prefill.curve_summary(curve))
 
 # %%
 fits = prefill.fit_all(curve["prompt_tokens"], curve["alone_ms"])  # all engine starts pooled
-per_run = [prefill.fit_all(g["prompt_tokens"], g["alone_ms"]) for _, g in curve.groupby("repeat")]
-cmp_in = prefill.compare_fits(per_run, score="rms_rel_pct")
-cmp_out = prefill.compare_fits(per_run, score="extrap_rms_rel_pct")
-fit_table = prefill.fits_table(fits)
-display(fit_table)
+cmp_in, cmp_out = prefill.compare_per_start(curve)
+display(prefill.fits_table(fits))
 
 # %%
 # which fit wins depends on timings: not compared by nbval
 print("\n".join(prefill.ranking_lines(fits, cmp_in, cmp_out)))
 
 # %%
-xs = np.linspace(1, curve["prompt_tokens"].max(), 200)
-points = {
-    f"measured, engine start {r}": (g["prompt_tokens"], g["alone_ms"])
-    for r, g in curve.groupby("repeat")
-}
-curves = prefill.fit_curves(
-    [f for f in fits if f.model in ("linear+quadratic", "constant+exponential")], xs.max()
-)
-dashed = ()
-if roofline:
-    curves["roofline floor"] = (xs, prefill.prefill_floor_ms(shape, xs, peak_tflops, hbm_tb_s))
-    dashed = ("roofline floor",)
-fig = plots.scatter_with_curves(
-    points,
-    curves,
-    title="Prefill time of a request alone, against its prompt length (fits: RMS relative residual)",
-    xaxis="prompt tokens",
-    yaxis="prefill time alone (ms)",
-    dashed=dashed,
-)
-fig.show()
+prefill.curve_figure(curve, fits, shape, peak_tflops, hbm_tb_s).show()
 
 # %%
-fig = plots.scatter_with_curves(
-    points,
-    curves,
-    title="The same on log-log axes: slope 1 is linear, slope 2 quadratic; an exponential bends up",
-    xaxis="prompt tokens",
-    yaxis="prefill time alone (ms)",
-    log_x=True,
-    log_y=True,
-    dashed=dashed,
-)
-fig.show()
+prefill.curve_figure(curve, fits, shape, peak_tflops, hbm_tb_s, log=True).show()
 
 # %%
-if roofline:
-    floor = prefill.prefill_floor_ms(shape, curve["prompt_tokens"], peak_tflops, hbm_tb_s)
-    curve["floor_ms"] = floor
-    curve["floor / measured"] = floor / curve["alone_ms"]
-    display(
-        curve.groupby(pd.cut(curve["prompt_tokens"], 6), observed=True)[
-            ["alone_ms", "floor_ms", "floor / measured"]
-        ].median()
-    )
+if peak_tflops is not None and hbm_tb_s is not None:
+    display(prefill.floor_table(curve, shape, peak_tflops, hbm_tb_s))
 
 # %% [markdown]
 # ## 3. `max_num_batched_tokens` under a mixed load with arrivals
 
 # %%
-mixed_workload = {
-    "kind": "mixed",
-    "num_requests": mixed_num_requests,
-    "short_len": short_len,
-    "long_len": long_len,
-    "long_fraction": long_fraction,
-    "output_len": output_len,
-    "long_output_len": long_output_len,
-    "request_rate": mixed_request_rate,
-    "seed": 0,
-}
-mixed_df = wb.sweep(
-    mixed_sweep,
-    grid("max_num_batched_tokens", values),
-    mixed_workload,
-    repeats=repeats,
-    mode=mixed_mode,
+mixed_workload = prefill.mixed_workload(
+    mixed_num_requests,
+    short_len,
+    long_len,
+    long_fraction,
+    output_len,
+    long_output_len,
+    mixed_request_rate,
 )
-mixed_results = [
-    p
-    for p in wb.results(mixed_sweep)
-    if (p.get("settings") or {}).get("max_num_batched_tokens") in values
-]
-for p in mixed_results:
-    if p.get("status") != "ok":
-        print(f"{p['point_id']} failed: {p.get('error')}")
+mixed_cfg = grid("max_num_batched_tokens", plan.values)
+wb.sweep(plan.mixed_sweep, mixed_cfg, mixed_workload, repeats=repeats, mode=mixed_mode)
+mixed_results = prefill.swept_results(wb.results(plan.mixed_sweep), plan.values)
+if mixed_failures := prefill.failures_text(mixed_results):
+    print(mixed_failures)
 loaded = prefill.mixed_load_table(mixed_results)
-cols = [
-    "max_num_batched_tokens",
-    "repeat",
-    "n_short",
-    "n_long",
-    "ttft_short_p50_ms",
-    "ttft_short_p90_ms",
-    "ttft_long_p50_ms",
-    "itl_p50_ms",
-    "itl_p99_ms",
-    "output_throughput_tok_s",
-    "num_preemptions",
-]
-display(loaded[cols])
+display(prefill.mixed_table(loaded))
 
 # %%
-lat = prefill.long_form(
-    loaded,
-    "max_num_batched_tokens",
-    {
-        "short TTFT p50": "ttft_short_p50_ms",
-        "short TTFT p90": "ttft_short_p90_ms",
-        "long TTFT p50": "ttft_long_p50_ms",
-    },
-)
-fig = plots.bar_with_spread(
-    lat,
-    "max_num_batched_tokens",
-    "value",
-    color="metric",
-    title="TTFT per request class under mixed load (median, min-max over engine starts)",
-    yaxis="ms",
-)
-fig.show()
+prefill.mixed_ttft_figure(loaded).show()
 
 # %%
-itl = prefill.long_form(
-    loaded, "max_num_batched_tokens", {"ITL p50": "itl_p50_ms", "ITL p99": "itl_p99_ms"}
-)
-fig = plots.bar_with_spread(
-    itl,
-    "max_num_batched_tokens",
-    "value",
-    color="metric",
-    title="Inter-token latency of the running decodes",
-    yaxis="ms",
-)
-fig.show()
+prefill.mixed_itl_figure(loaded).show()
 
 # %%
-loaded["status"] = "ok"
-fig = plots.bar_with_spread(
-    loaded,
-    "max_num_batched_tokens",
-    "output_throughput_tok_s",
-    title="Output throughput under the mixed load",
-    yaxis="output tokens/s",
-)
-fig.show()
+prefill.mixed_throughput_figure(loaded).show()
 
 # %% [markdown]
 # ## 4. The article's prefill table next to the measurements
@@ -337,38 +191,24 @@ fig.show()
 # (short < 100 <= medium < 500 <= long tokens), for reference.
 
 # %%
-isolated = {
-    c: curve.loc[
-        curve["prompt_tokens"].map(lambda n: prefill.length_class(n, class_bounds)) == c, "alone_ms"
-    ].tolist()
-    for c in prefill.CLASSES
-}
-c10 = prefill.c10_table(loaded, isolated, before, after)
+isolated = prefill.alone_by_class(curve, class_bounds)
+c10 = prefill.c10_table(loaded, isolated, plan.before, plan.after)
 display(c10)
 
 # %% [markdown]
 # ## 5. Verdicts on the article's claims
 
 # %%
+curve_evidence = str(wb.sweep_dir("ttft_curve"))
+mixed_evidence = str(wb.sweep_dir(plan.mixed_sweep))
+crossover = prefill.crossover_len(shape)
 verdicts = [
-    prefill.c7_verdict(
-        fits,
-        cmp_in,
-        cmp_out,
-        curve,
-        str(wb.sweep_dir("ttft_curve")),
-        speed_meaningful,
-        prefill.crossover_len(shape),
-    ),
-    prefill.c8_verdict(
-        loaded, after, str(wb.sweep_dir(mixed_sweep)), speed_meaningful, serve_default
-    ),
-    prefill.c10_verdict(c10, str(wb.sweep_dir(mixed_sweep)), speed_meaningful),
+    prefill.c7_verdict(fits, cmp_in, cmp_out, curve, curve_evidence, speed_meaningful, crossover),
+    prefill.c8_verdict(loaded, plan.after, mixed_evidence, speed_meaningful, plan.serve_default),
+    prefill.c10_verdict(c10, mixed_evidence, speed_meaningful),
 ]
-claims.write(run_dir, "03_prefill_scaling", verdicts)
-display(claims.table(verdicts))
-for v in verdicts:
-    print(claims.describe(v), end="\n\n")
+display(record_verdicts(run_dir, "03_prefill_scaling", verdicts))
+print(verdicts_text(verdicts))
 
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.

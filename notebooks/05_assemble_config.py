@@ -58,6 +58,7 @@ import tunebook.topics.presets as presets
 from tunebook.core.model import load_shape
 from tunebook.deploy import writers
 from tunebook.engine import adapter, flags
+from tunebook.topics import capacity
 from tunebook.topics.explorer import Explorer, decision_figure, ratio_bars
 from tunebook.workbench.profiles import NOTEBOOKS
 from tunebook.workbench.workbook import Workbook, platform_name, vllm_version

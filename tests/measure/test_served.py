@@ -20,6 +20,7 @@ from conftest import TEST_TAG_ENV
 
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import meets_slo, slo_holds, slo_text
+from tunebook.core.model import load_shape
 from tunebook.core.points import Point
 from tunebook.deploy import writers
 from tunebook.engine import flags, vllm_http
@@ -588,10 +589,15 @@ def test_capacity_search_on_one_engine_start(tmp_path):
         assert res["status"] == "ok", res.get("error")
         m, per = res["metrics"], res["per_rate"]
         assert res["seconds"]["engine_start"] > 0 and len(per) == m["rates_measured"] >= 2
-        held = [r["offered_rps"] for r in per if r["slo_holds"]]
-        for r in per:  # a rate stopped early was decided: it failed, with requests left unsent
+        judged = [r for r in per if not r.get("superseded")]  # a rerun with a longer window
+        held = [r["offered_rps"] for r in judged if r["holds"]]
+        for r in judged:  # a rate stopped early was decided: it failed, with requests left unsent
             if r.get("decided_early"):
                 assert r["slo_holds"] is False and r["requests_stopped"] > 0
+                assert r["holds"] is False and "refused or cut" in r["why_not_sustained"]
+            # the sustained rule's figures are on every rate, the window sized from its latency
+            assert r["window_s_needed"] >= search["duration_s"] and r["sustained"] == r["holds"]
+        assert m["capacity_rule"] == "sustained" and m["window_s_total"] > 0
         if m["capacity_rps"] is not None:
             assert m["capacity_rps"] == max(r for r in held if r < (m["first_failing_rps"] or 1e9))
         assert m["slo"] == slo_text(SLO)
@@ -602,6 +608,53 @@ def test_capacity_search_on_one_engine_start(tmp_path):
         assert (tmp_path / "logs" / "cap" / "replica0.log").is_file()
     finally:
         assert wait_gone() == []
+
+
+@pytest.mark.engine
+def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound_breaks(tmp_path):
+    """A tiny engine that runs one request at a time, offered 2.5x what it drains: a 1.5-s
+    window meets a generous SLO (the queue has not built up yet); held longer, the same rate
+    meets the SLO still, but the sustained rule finds it falling behind and filling up. The same
+    start, with the gaps between streamed chunks bounded below what stream_interval 8 gives,
+    breaks the SLO on that bound alone."""
+    from tunebook.core.workloads import make_workload
+
+    generous = {"ttft_ms": 120_000.0, "tpot_ms": 10_000.0}
+    p = Point.from_dict(
+        point(
+            "drain",
+            settings={**SETTINGS, "max_num_seqs": 1, "stream_interval": 8},
+            workload={"kind": "fixed", "prompt_len": 16, "output_len": 24, "seed": 3},
+            slo=generous,
+            serve={"launcher": "spawn"},
+        )
+    )
+    vocab = load_shape("tiny-ernie").vocab_size
+    search = {**served.SEARCH_DEFAULTS, "min_requests": 3}
+    try:
+        with served.Deployment(p, tmp_path) as dep:
+            dep.warmup(1)
+            # What it drains: a batch of 8 at once, one at a time (on this machine, now).
+            batch = make_workload({**p.workload, "num_requests": 8}, vocab_size=vocab)
+            drained = dep.run(batch, point=p)["metrics"]["request_throughput_rps"]
+            rate = 2.5 * drained
+            short = served.rate_workload(p.workload, rate, 0, search, vocab, window_s=1.5)
+            s = dep.run(short, point=p, min_window_s=1.5)["metrics"]
+            # Held for 40 requests' worth of arrivals (at least 8 s): enough to count who kept up.
+            window = max(8.0, 40 / rate)
+            held = served.rate_workload(p.workload, rate, 1, search, vocab, window_s=window)
+            m = dep.run(held, point=p, min_window_s=1.5)["metrics"]
+            gap = Point.from_dict({**p.to_dict(), "slo": {**generous, "itl_ms": 1.0}})
+            g = dep.run(batch, point=gap)["metrics"]
+    finally:
+        assert wait_gone() == []
+    assert s["slo_holds"] is True  # what a short window alone would call held
+    assert s["sustained"] is False and s["window_s_needed"] > s["window_s"]  # too short to say
+    assert m["slo_holds"] is True and m["sustained"] is False
+    assert m["keep_up_requests"] < 0.8, m  # about 40% of what arrived
+    assert "fell behind" in m["why_not_sustained"]
+    assert g["slo_holds"] is False and g["chunk_gap_p99_ms"] > 1.0  # the gap bound alone broke it
+    assert slo_text(gap.slo).endswith("every chunk gap <= 1 ms")
 
 
 @pytest.mark.engine

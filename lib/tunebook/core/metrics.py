@@ -119,7 +119,7 @@ def slo_text(slo: dict | None) -> str:
     """The SLO in words, as every label prints it."""
     if not slo:
         return "no SLO"
-    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "every ITL", "e2e_ms": "E2E"}
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "every chunk gap", "e2e_ms": "E2E"}
     bounds = " and ".join(f"{names[k]} <= {slo[k]:g} ms" for k in SLO_KEYS if slo.get(k))
     need = float(slo.get("attainment_pct", DEFAULT_ATTAINMENT_PCT))
     return f"{need:g}% of requests each with {bounds}"
@@ -211,6 +211,7 @@ class GaugeSampler(threading.Thread):
         self.final: dict | None = None  # the sample stop() takes, when it succeeds
         self._stop_event = threading.Event()
         self._t0 = time.perf_counter()
+        self.wall0 = time.time()  # t_s = 0 on the wall clock, to align samples with a schedule
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):

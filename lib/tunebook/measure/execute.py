@@ -198,15 +198,7 @@ def run_point(
     point = prepare(point)  # raises ConfigError early, in the caller's process
     t0 = time.perf_counter()
     if not isolate or point.mode == "served":
-        with point_env(point.env if point.mode != "served" else None):
-            try:
-                served_logs = None
-                if point.mode == "served" and log_path:
-                    served_logs = Path(log_path).with_suffix("")  # <point>/replica0.log ...
-                result = execute(point, on_sample=on_sample, log_dir=served_logs)
-            except Exception as e:
-                result = _failed(point, f"{type(e).__name__}: {e}")
-                result["traceback"] = traceback.format_exc()[-4000:]
+        result = _run_here(point, log_path, on_sample)
         result["wall_s"] = time.perf_counter() - t0
         return result
 
@@ -225,75 +217,10 @@ def run_point(
         ]
         if progress_path:
             cmd.append(str(progress_path))
-
-        fork, fork_failure = True, None
-        while True:
-            proc, process_start = launcher.start(
-                "engine", cmd[3:], log_path, env, cmd, module=cmd[2], fork=fork
-            )
-            if on_spawn is not None:
-                try:
-                    on_spawn(proc.pid)
-                except BaseException:
-                    wait_or_kill(proc, 0)
-                    raise
-            rc, timed_out = wait_or_kill(proc, timeout_s)
-            killed = proc.returncode is not None and proc.returncode < 0
-            log_text = log_path.read_text(errors="replace")
-            res_file = tmp / "result.json"
-            if res_file.is_file():
-                result = json.loads(res_file.read_text())
-            else:
-                if timed_out:
-                    error = f"timed out after {timeout_s} s"
-                else:
-                    how = (
-                        f"killed by signal {-proc.returncode}"
-                        if proc.returncode and proc.returncode < 0
-                        else f"exit code {rc}"
-                    )
-                    error = f"engine process died ({how}) before writing a result"
-                reason = failure_reason(log_text)
-                result = _failed(point, error + (f"; log: {reason}" if reason else ""))
-            afresh = launcher.settle(
-                "engine",
-                env,
-                forked=process_start == "forked",
-                ok=result.get("status") == "ok",
-                external=timed_out or killed,
-                retried=fork_failure is not None,
-            )
-            if afresh:
-                print(
-                    f"tunebook: point {point.point_id} forked from the launcher failed"
-                    f" ({result.get('error')}); running it as a new process",
-                    file=sys.stderr,
-                )
-                log_path.replace(log_path.with_suffix(".forked.log"))
-                res_file.unlink(missing_ok=True)
-                fork, fork_failure = False, result.get("error")
-                continue
-            break
-        if (
-            result.get("status") != "ok"
-            and result.get("error")
-            and "Engine core initialization failed" in result["error"]
-        ):
-            reason = failure_reason(log_text)
-            if reason:
-                result["error"] = reason
-        facts = parse_log(log_text)
-        env_fp = result.setdefault("env", {})
-        env_fp["process_start"] = process_start
-        if process_start == "forked":
-            env_fp["launcher_wait_s"] = round(getattr(proc, "waited_s", 0.0), 3)
-        if fork_failure:
-            env_fp["fork_failure"] = fork_failure
-        if facts.get("attention_backend") and not env_fp.get("attention_backend"):
-            env_fp["attention_backend"] = facts["attention_backend"]
-        result.setdefault("capacity", {}).update(
-            {k: v for k, v in facts.items() if k != "attention_backend"}
+        result, log_text = _run_child(
+            point, cmd, env, log_path, tmp / "result.json", timeout_s, on_spawn
         )
+        _add_engine_log(result, log_text)
         result["wall_s"] = time.perf_counter() - t0
         # The child's own process start and vLLM import are part of the point's cost too.
         secs = result.get("seconds")
@@ -301,6 +228,123 @@ def run_point(
             secs["process"] = max(result["wall_s"] - sum(secs.values()), 0.0)
         result["log_file"] = str(log_path)
         return result
+
+
+def _run_here(point: Point, log_path: str | Path | None, on_sample) -> dict:
+    """Run the point in this process (a served point's servers are child processes of their
+    own); an exception is the point's failure, with its traceback."""
+    with point_env(point.env if point.mode != "served" else None):
+        try:
+            served_logs = None
+            if point.mode == "served" and log_path:
+                served_logs = Path(log_path).with_suffix("")  # <point>/replica0.log ...
+            result = execute(point, on_sample=on_sample, log_dir=served_logs)
+        except Exception as e:
+            result = _failed(point, f"{type(e).__name__}: {e}")
+            result["traceback"] = traceback.format_exc()[-4000:]
+    return result
+
+
+def _run_child(
+    point: Point,
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    res_file: Path,
+    timeout_s: float | None,
+    on_spawn,
+) -> tuple[dict, str]:
+    """Run the isolated child to its end: forked from the launcher, and started once more as a
+    new process where ``launcher.settle`` blames the fork for its failure.
+
+    Returns (result, engine log text); the result's ``env`` says how the child was started.
+    """
+    fork, fork_failure = True, None
+    while True:
+        proc, process_start = launcher.start(
+            "engine", cmd[3:], log_path, env, cmd, module=cmd[2], fork=fork
+        )
+        if on_spawn is not None:
+            try:
+                on_spawn(proc.pid)
+            except BaseException:
+                wait_or_kill(proc, 0)
+                raise
+        rc, timed_out = wait_or_kill(proc, timeout_s)
+        killed = proc.returncode is not None and proc.returncode < 0
+        log_text = log_path.read_text(errors="replace")
+        result = _child_result(point, proc, rc, timed_out, timeout_s, res_file, log_text)
+        afresh = launcher.settle(
+            "engine",
+            env,
+            forked=process_start == "forked",
+            ok=result.get("status") == "ok",
+            external=timed_out or killed,
+            retried=fork_failure is not None,
+        )
+        if afresh:
+            print(
+                f"tunebook: point {point.point_id} forked from the launcher failed"
+                f" ({result.get('error')}); running it as a new process",
+                file=sys.stderr,
+            )
+            log_path.replace(log_path.with_suffix(".forked.log"))
+            res_file.unlink(missing_ok=True)
+            fork, fork_failure = False, result.get("error")
+            continue
+        break
+    env_fp = result.setdefault("env", {})
+    env_fp["process_start"] = process_start
+    if process_start == "forked":
+        env_fp["launcher_wait_s"] = round(getattr(proc, "waited_s", 0.0), 3)
+    if fork_failure:
+        env_fp["fork_failure"] = fork_failure
+    return result, log_text
+
+
+def _child_result(
+    point: Point,
+    proc,
+    rc: int | None,
+    timed_out: bool,
+    timeout_s: float | None,
+    res_file: Path,
+    log_text: str,
+) -> dict:
+    """The result the child wrote, or, where it wrote none, a failure saying how it ended."""
+    if res_file.is_file():
+        return json.loads(res_file.read_text())
+    if timed_out:
+        error = f"timed out after {timeout_s} s"
+    else:
+        how = (
+            f"killed by signal {-proc.returncode}"
+            if proc.returncode and proc.returncode < 0
+            else f"exit code {rc}"
+        )
+        error = f"engine process died ({how}) before writing a result"
+    reason = failure_reason(log_text)
+    return _failed(point, error + (f"; log: {reason}" if reason else ""))
+
+
+def _add_engine_log(result: dict, log_text: str) -> None:
+    """What the engine log adds to the result: why the engine failed to start (vLLM's own error
+    only says that it did), the attention backend, and the capacity vLLM sized."""
+    if (
+        result.get("status") != "ok"
+        and result.get("error")
+        and "Engine core initialization failed" in result["error"]
+    ):
+        reason = failure_reason(log_text)
+        if reason:
+            result["error"] = reason
+    facts = parse_log(log_text)
+    env_fp = result.setdefault("env", {})
+    if facts.get("attention_backend") and not env_fp.get("attention_backend"):
+        env_fp["attention_backend"] = facts["attention_backend"]
+    result.setdefault("capacity", {}).update(
+        {k: v for k, v in facts.items() if k != "attention_backend"}
+    )
 
 
 def _failed(point: Point, error: str) -> dict:

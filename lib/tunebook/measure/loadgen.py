@@ -90,6 +90,42 @@ def record_from_stamps(
     return rec
 
 
+def _stopped(req: ClientRequest) -> dict:
+    """The record of a request not sent, or cancelled in flight, once the outcome was decided."""
+    return {
+        "request_id": str(req.index),
+        "tag": req.tag,
+        "prompt_tokens": max(req.prompt_len, 0),
+        "output_tokens": 0,
+        "chunks": 0,
+        "stopped": True,
+    }
+
+
+class _EarlyStop:
+    """The ``stop`` rule of ``_send_all``: counts the finished requests that broke the SLO, and
+    once more than ``max_bad`` did, sets ``decided`` and cancels the other ``tasks``."""
+
+    def __init__(self, stop: dict | None):
+        self.stop = stop
+        self.decided = asyncio.Event()
+        self.bad = 0
+        self.tasks: list[asyncio.Task] = []
+
+    def judge(self, rec: dict) -> None:
+        """Count ``rec`` if it broke the SLO; the count past ``max_bad`` decides the outcome."""
+        stop = self.stop
+        if stop is None or self.decided.is_set() or meets_slo(rec, stop["slo"]):
+            return
+        self.bad += 1
+        if self.bad > stop["max_bad"]:
+            self.decided.set()
+            me = asyncio.current_task()
+            for t in self.tasks:
+                if t is not me and not t.done():
+                    t.cancel()
+
+
 async def _send_all(
     url: str,
     model: str,
@@ -118,45 +154,21 @@ async def _send_all(
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
         # As `vllm bench serve --max-concurrency`: a request waits for a free slot, then is sent.
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-
-        decided = asyncio.Event()
-        bad = 0
-        tasks: list[asyncio.Task] = []
-
-        def stopped(req: ClientRequest) -> dict:
-            return {
-                "request_id": str(req.index),
-                "tag": req.tag,
-                "prompt_tokens": max(req.prompt_len, 0),
-                "output_tokens": 0,
-                "chunks": 0,
-                "stopped": True,
-            }
+        early_stop = _EarlyStop(stop)
+        decided = early_stop.decided
 
         async def one(req: ClientRequest) -> dict:
             try:
                 due = t0 + req.arrival_s
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 if slots is None:
-                    return stopped(req) if decided.is_set() else await send(req, due)
+                    return _stopped(req) if decided.is_set() else await send(req, due)
                 async with slots:  # the lag counts from when the slot freed, not the schedule
                     if decided.is_set():
-                        return stopped(req)
+                        return _stopped(req)
                     return await send(req, max(due, time.perf_counter()))
-            except asyncio.CancelledError:  # cancelled below: the outcome was decided
-                return stopped(req)
-
-        def judge(rec: dict) -> None:
-            nonlocal bad
-            if stop is None or decided.is_set() or meets_slo(rec, stop["slo"]):
-                return
-            bad += 1
-            if bad > stop["max_bad"]:
-                decided.set()
-                me = asyncio.current_task()
-                for t in tasks:
-                    if t is not me and not t.done():
-                        t.cancel()
+            except asyncio.CancelledError:  # cancelled by _EarlyStop: the outcome was decided
+                return _stopped(req)
 
         async def send(req: ClientRequest, due: float) -> dict:
             sent = time.perf_counter()
@@ -181,11 +193,11 @@ async def _send_all(
                 rec = record_from_stamps(req, sent, stamps, usage, sent - due)
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
-            judge(rec)
+            early_stop.judge(rec)
             return rec
 
-        tasks.extend(asyncio.ensure_future(one(r)) for r in reqs)
-        return list(await asyncio.gather(*tasks))
+        early_stop.tasks.extend(asyncio.ensure_future(one(r)) for r in reqs)
+        return list(await asyncio.gather(*early_stop.tasks))
 
 
 def _worker(args: tuple) -> tuple[list[dict], dict]:
@@ -306,7 +318,8 @@ class LoadGenerator:
         for proc in busy:
             if not proc.stdout.readline():
                 raise RuntimeError(f"load-generator worker {proc.pid} died (exit {proc.poll()})")
-        start = json.dumps({"start_wall": time.time() + LEAD_S + 0.05 * self.workers}) + "\n"
+        start_wall = time.time() + LEAD_S + 0.05 * self.workers
+        start = json.dumps({"start_wall": start_wall}) + "\n"
         for proc in busy:
             proc.stdin.write(start)
             proc.stdin.flush()
@@ -325,7 +338,8 @@ class LoadGenerator:
         if errors:
             raise RuntimeError("; ".join(errors))
         records.sort(key=lambda r: int(r["request_id"]))
-        return records, client_check(records, costs, self.workers)
+        # start_wall: the schedule's 0 on the wall clock (records' sent_s count from it)
+        return records, {**client_check(records, costs, self.workers), "start_wall": start_wall}
 
     def close(self) -> None:
         for p in self._procs:

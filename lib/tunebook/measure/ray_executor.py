@@ -320,6 +320,42 @@ def _cancel(ray, refs: list, grace_s: float = 15.0) -> None:
             pass
 
 
+def _submit(
+    ray, remotes: dict, point: dict, isolate: bool, tag: str, gpu: bool, timeout_s: float | None
+):
+    """Submit one point's task; its ref. ``remotes`` keeps one remote function per max_calls."""
+    max_calls, opts = _task_options(point, isolate, tag, gpu)
+    if max_calls not in remotes:
+        remotes[max_calls] = ray.remote(max_calls=max_calls)(run_task)
+    return remotes[max_calls].options(**opts).remote(point, isolate, timeout_s)
+
+
+def _task_result(ray, ref, point: dict) -> tuple[dict, str | None]:
+    """A finished task's (result, engine log text); a task that did not return one is the
+    point's failure."""
+    try:
+        result, log_text = ray.get(ref)
+    except Exception as e:  # worker died (OOM kill, crash), task cancelled, ...
+        result, log_text = _failed(point, f"ray task failed: {_error_text(e)}"), None
+        result["env"] = {"placement": {"executor": "ray"}}
+    return result, log_text
+
+
+def _give_up_overdue(
+    ray, inflight: dict, freed: list, timeout_s: float | None, deliver: Callable
+) -> None:
+    """Cancel the tasks in flight past their deadline and deliver each as a timed-out point."""
+    now = time.monotonic()
+    for ref, (p, deadline) in list(inflight.items()):
+        if deadline is not None and now > deadline:
+            del inflight[ref]
+            _cancel(ray, [ref], grace_s=10.0)
+            freed.append(None)
+            res = _failed(p, f"timed out: no result within {timeout_s} s + {GRACE_S:.0f} s grace")
+            res["env"] = {"placement": {"executor": "ray"}}
+            deliver(p, res, None)
+
+
 def run_points_ray(
     points: list[dict],
     finish: Callable[[dict], None],
@@ -364,36 +400,19 @@ def run_points_ray(
         while pending or inflight:
             while pending and len(inflight) < slots:
                 p = _pick(pending, freed.pop(0) if freed else None, ran, lookahead)
-                max_calls, opts = _task_options(p, isolate, tag, gpu)
-                if max_calls not in remotes:
-                    remotes[max_calls] = ray.remote(max_calls=max_calls)(run_task)
-                ref = remotes[max_calls].options(**opts).remote(p, isolate, timeout_s)
+                ref = _submit(ray, remotes, p, isolate, tag, gpu, timeout_s)
                 deadline = time.monotonic() + timeout_s + GRACE_S if timeout_s else None
                 inflight[ref] = (p, deadline)
             ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
             for ref in ready:
                 p, _ = inflight.pop(ref)
-                try:
-                    result, log_text = ray.get(ref)
-                except Exception as e:  # worker died (OOM kill, crash), task cancelled, ...
-                    result, log_text = _failed(p, f"ray task failed: {_error_text(e)}"), None
-                    result["env"] = {"placement": {"executor": "ray"}}
+                result, log_text = _task_result(ray, ref, p)
                 slot = _slot_of(result)
                 if slot is not None:
                     ran.setdefault(slot, Counter())[_config(p)] += 1
                 freed.append(slot)
                 deliver(p, result, log_text)
-            now = time.monotonic()
-            for ref, (p, deadline) in list(inflight.items()):
-                if deadline is not None and now > deadline:
-                    del inflight[ref]
-                    _cancel(ray, [ref], grace_s=10.0)
-                    freed.append(None)
-                    res = _failed(
-                        p, f"timed out: no result within {timeout_s} s + {GRACE_S:.0f} s grace"
-                    )
-                    res["env"] = {"placement": {"executor": "ray"}}
-                    deliver(p, res, None)
+            _give_up_overdue(ray, inflight, freed, timeout_s, deliver)
         clean = True
     finally:
         if not clean:

@@ -34,8 +34,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from tunebook.core import sustained
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
+from tunebook.core.metrics import slo_holds as slo_holds_of
 from tunebook.core.model import GIB, load_shape
 from tunebook.core.points import Point, Result
 from tunebook.core.workloads import Workload, make_workload
@@ -106,9 +108,16 @@ SEARCH_DEFAULTS = {
     "max_rps": 2048.0,  # stop growing here (capacity reported as ">= max")
     "min_rps": 0.25,  # stop shrinking here when even the first rate breaks the SLO
     "bisect_steps": 3,  # geometric bisections between the last good and the first bad rate
-    "duration_s": 10.0,  # arrivals last about this long at each rate
+    # Arrivals last at least this long at each rate, and at least 8 x the median end-to-end
+    # latency measured there (tunebook.core.sustained): a rate whose window turns out too short
+    # is measured again with the longer one, and the next rate starts with it.
+    "duration_s": sustained.MIN_WINDOW_S,
+    "max_window_s": 240.0,  # a rate that would need longer is judged on this window (and fails)
+    # The sustained rule (tunebook.core.sustained): the SLO, keeping up, steady, nothing refused.
+    # False: the SLO alone over whatever the window is (the method before 2026-12-06).
+    "sustained": True,
     "min_requests": 20,
-    "max_requests": 5000,
+    "max_requests": 200000,
     # A rate is decided failed once more of its requests broke the SLO than it allows: the rest
     # are not sent (those in flight are cancelled). The verdict is the same; an overloaded rate
     # no longer runs its whole queue out. False: every rate runs to the end.
@@ -614,6 +623,7 @@ class Deployment:
         on_sample=None,
         point: Point | None = None,
         stop_early: bool = False,
+        min_window_s: float | None = None,
     ) -> dict:
         """Send a workload on its schedule; return metrics, per-request records, the client check
         and the engine-state timeline (from /metrics).
@@ -623,7 +633,9 @@ class Deployment:
         several points share this deployment's start; by default the point it was started for.
         ``stop_early`` (with an SLO): end the run once more requests broke the SLO than it
         allows of the whole workload; the figures are then of the requests that finished, and
-        ``decided_early`` says so.
+        ``decided_early`` says so. ``min_window_s``: judge whether the deployment holds the
+        workload's rate (``tunebook.core.sustained``, with that shortest window); its figures
+        join the metrics.
         """
         client = point or self.point
         stop = None
@@ -667,6 +679,7 @@ class Deployment:
         if not record:
             return {}
         after = sampler.final or self.scrape()
+        every_rec = recs
         n_stopped = sum(1 for r in recs if r.get("stopped"))
         recs = [r for r in recs if not r.get("stopped")]
         # The workload's own span: from the first scheduled send to the last reply, not the
@@ -688,7 +701,22 @@ class Deployment:
             100.0 * metrics["prefix_cache_hits"] / q if q else 0.0
         )
         metrics["offered_rps"] = wl.spec.get("request_rate") or None
-        metrics.update({k: v for k, v in check.items() if k not in ("client",)})
+        metrics.update({k: v for k, v in check.items() if k not in ("client", "start_wall")})
+        # What a chat reader sees as a stall: the gaps between streamed chunks, pooled.
+        metrics["chunk_gap_p99_ms"] = metrics.get("itl_p99_ms")
+        if min_window_s is not None and metrics["offered_rps"]:
+            metrics.update(
+                judge_window(
+                    every_rec,
+                    sampler.samples,
+                    wl,
+                    metrics.get("slo_holds") if client.slo else None,
+                    # the schedule's start on the sampler's clock
+                    (check["start_wall"] - sampler.wall0) if check.get("start_wall") else 0.0,
+                    min_window_s,
+                    client.slo,
+                )
+            )
         return {"metrics": metrics, "requests": recs, "timeline": sampler.samples, "client": check}
 
 
@@ -696,6 +724,32 @@ def allowed_bad(n: int, slo: dict) -> int:
     """How many of ``n`` requests may break ``slo`` with the SLO still holding."""
     need = float(slo.get("attainment_pct", DEFAULT_ATTAINMENT_PCT))
     return math.floor(n * (100.0 - need) / 100.0 + 1e-9)
+
+
+SHORT_WINDOW_S = 4.0  # the window notebook 04 judged rates on before the sustained rule
+
+
+def judge_window(
+    records: list[dict],
+    timeline: list[dict],
+    wl: Workload,
+    slo_holds: bool | None,
+    offset_s: float,
+    min_window_s: float,
+    slo: dict | None,
+) -> dict:
+    """The sustained rule's figures for one rate's window (``tunebook.core.sustained.judge``),
+    and what a 4-s window would have said: the SLO over the requests sent in its first 4 s."""
+    window = max((r.arrival_s for r in wl.requests), default=0.0)
+    j = sustained.judge(records, timeline, window, slo_holds, offset_s, min_window_s)
+    out = {k: j[k] for k in j if k != "broke"}
+    out["why_not_sustained"] = sustained.why_not(j)
+    if slo and window > SHORT_WINDOW_S:
+        first = [
+            r for r in records if (r.get("sent_s") or 0.0) < SHORT_WINDOW_S and not r.get("stopped")
+        ]
+        out["slo_holds_first_4s"] = bool(first) and slo_holds_of(first, slo)
+    return out
 
 
 def _span_s(recs: list[dict]) -> float | None:
@@ -708,10 +762,13 @@ def _span_s(recs: list[dict]) -> float | None:
 
 
 # --------------------------------------------------------------------------- rates and capacity
-def rate_workload(spec: dict, rate: float, step: int, search: dict, vocab: int) -> Workload:
-    """The point's workload at one offered rate: about ``duration_s`` of Poisson arrivals, fresh
-    prompts at every step (a prompt seen at an earlier rate would hit the prefix cache)."""
-    n = math.ceil(rate * float(search["duration_s"]))
+def rate_workload(
+    spec: dict, rate: float, step: int, search: dict, vocab: int, window_s: float | None = None
+) -> Workload:
+    """The point's workload at one offered rate: about ``window_s`` (default ``duration_s``) of
+    Poisson arrivals, fresh prompts at every step (a prompt seen at an earlier rate would hit
+    the prefix cache)."""
+    n = math.ceil(rate * float(window_s or search["duration_s"]))
     n = int(min(max(n, int(search["min_requests"])), int(search["max_requests"])))
     seed = int(spec.get("seed", 0)) + 1000 * (step + 1)
     return make_workload(
@@ -809,6 +866,19 @@ PER_RATE_KEYS = (
     "failed_requests",
     "decided_early",
     "requests_stopped",
+    # the sustained rule (tunebook.core.sustained)
+    "chunk_gap_p99_ms",
+    "window_s",
+    "window_s_needed",
+    "sustained",
+    "why_not_sustained",
+    "keep_up_requests",
+    "keep_up_tokens",
+    "in_system_middle",
+    "in_system_last",
+    "steady",
+    "refused_or_cut",
+    "slo_holds_first_4s",
 )
 
 
@@ -935,15 +1005,43 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
     vocab = load_shape(point.model).vocab_size
     per_rate: list[dict] = []
     best: dict = {}
+    rule = bool(search["sustained"])
+    min_window = float(search["duration_s"])
+    window = {"next": min_window}  # the window the next rate starts with
+
+    def run_rate(rate: float, window_s: float) -> dict:
+        phase("measure", point.point_id)
+        wl = rate_workload(point.workload, rate, len(per_rate), search, vocab, window_s)
+        early = bool(search["stop_early"]) and point.search is not None
+        out = dep.run(
+            wl,
+            on_sample=on_sample,
+            point=point,
+            stop_early=early,
+            min_window_s=min_window if rule else None,
+        )
+        per_rate.append({k: out["metrics"].get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
+        return out
 
     def measure(rate: float) -> bool:
-        phase("measure", point.point_id)
-        wl = rate_workload(point.workload, rate, len(per_rate), search, vocab)
-        early = bool(search["stop_early"]) and point.search is not None
-        out = dep.run(wl, on_sample=on_sample, point=point, stop_early=early)
+        out = run_rate(rate, window["next"])
         m = out["metrics"]
-        per_rate.append({k: m.get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
-        holds = bool(m.get("slo_holds")) if point.slo else True
+        if rule and not m.get("decided_early"):
+            # Sized from what was measured: too short a window for the latency seen at this rate
+            # is run again with the window it needs (a rate already decided failed is not).
+            needed = min(float(m.get("window_s_needed") or 0.0), float(search["max_window_s"]))
+            if needed > 1.02 * float(m.get("window_s") or 0.0):
+                per_rate[-1]["superseded"] = True
+                out = run_rate(rate, needed)
+                m = out["metrics"]
+            window["next"] = max(min_window, min(needed, float(search["max_window_s"])))
+        if not point.slo:
+            holds = True
+        elif rule:
+            holds = bool(m.get("sustained"))
+        else:
+            holds = bool(m.get("slo_holds"))
+        per_rate[-1]["holds"] = holds
         if holds and rate >= best.get("rate", 0):
             best.update(rate=rate, out=out)
         return holds
@@ -955,7 +1053,7 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
     else:
         found = search_rates(measure, search)
     result.per_rate = sorted(per_rate, key=lambda r: r["offered_rps"])
-    held = [r for r in per_rate if r.get("slo_holds")]
+    held = [r for r in per_rate if r.get("holds") and not r.get("superseded")]
     metrics = {
         "capacity_rps": found.get("capacity_rps")
         if point.search is not None
@@ -970,6 +1068,9 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
         ),
         "client_kept_schedule": all(r.get("kept_schedule") for r in per_rate),
         "lag_p99_ms_max": max((r.get("lag_p99_ms") or 0 for r in per_rate), default=None),
+        "capacity_rule": "sustained" if rule else "slo",
+        # Arrival seconds this search spent, every rate's window (a rerun's too).
+        "window_s_total": round(sum(r.get("window_s") or 0.0 for r in per_rate), 1),
     }
     if best:
         # The figures at the capacity rate, for tables that read one point's latency.
@@ -977,9 +1078,12 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
         for k in (
             "ttft_p99_ms",
             "tpot_p50_ms",
+            "tpot_p99_ms",
             "ttft_p50_ms",
             "e2e_p50_ms",
+            "chunk_gap_p99_ms",
             "output_throughput_tok_s",
+            "window_s",
         ):
             metrics[f"{k}_at_capacity"] = m.get(k)
         result.requests = best["out"]["requests"]

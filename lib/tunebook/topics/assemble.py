@@ -478,18 +478,9 @@ def decide_setting(
     base: dict,
 ) -> dict:
     """The decision for one setting from one sweep that varied it alone."""
-    df = sw.frame(slo if scenario.use_slo else None)
-    d: dict = {
-        "setting": setting,
-        "notebook": sw.notebook,
-        "sweep": sw.name,
-        "path": str(sw.path),
-        "part": sw.part,
-        "workload": ", ".join(sorted(set(sw.workloads.values()))),
-        "changed": False,
-        "value": None,
-        "default": defaults.get(setting, base.get(setting)),
-    }
+    use = slo if scenario.use_slo else None
+    df = sw.frame(use)
+    d = _decision_of(sw, setting, defaults, base)
     obj = _objective(df, scenario)
     if obj is None:
         d.update(
@@ -507,32 +498,7 @@ def decide_setting(
         if metric == "goodput_rps" and "goodput_slo" in df
         else None,
     )
-    d["ranking"] = [
-        {
-            "config": c,
-            "value": _value_label(sw, c, setting, defaults),
-            **{k: v for k, v in spread(vals[c]).items()},
-            "meets_slo": _meets(df, c, slo if scenario.use_slo else None)[0],
-        }
-        for c in _rank(vals, direction)
-    ]
-    eligible = [
-        c for c in _rank(vals, direction) if _meets(df, c, slo if scenario.use_slo else None)[0]
-    ]
-    note = ""
-    if not eligible:
-        eligible = _rank(vals, direction)
-        note = "no configuration meets the SLO; ranked without it. "
-    best = eligible[0]
-    runner = eligible[1] if len(eligible) > 1 else None
-    d["best"] = best
-    d["runner_up"] = runner
-    if runner:
-        c = compare(vals[runner], vals[best])
-        d["gap_to_runner_up"] = {
-            "ratio": c["ratio"],
-            "within_noise": c["within_noise"],
-        }
+    best, note = _rank_for_decision(d, sw, setting, df, vals, direction, use, defaults)
     ref = _reference(sw, setting, defaults, base)
     d["reference"] = ref
     best_value = sw.settings[best].get(setting, defaults.get(setting))
@@ -559,6 +525,79 @@ def decide_setting(
             status="kept: default is best", reason=note + f"vLLM's default ranks first on {metric}"
         )
         return d
+    return _judge_best_vs_default(d, df, vals, ref, best, best_value, metric, note, use)
+
+
+def _decision_of(sw: Sweep, setting: str, defaults: dict, base: dict) -> dict:
+    """A decision's first fields: where its evidence is and the setting's default; not changed yet."""
+    return {
+        "setting": setting,
+        "notebook": sw.notebook,
+        "sweep": sw.name,
+        "path": str(sw.path),
+        "part": sw.part,
+        "workload": ", ".join(sorted(set(sw.workloads.values()))),
+        "changed": False,
+        "value": None,
+        "default": defaults.get(setting, base.get(setting)),
+    }
+
+
+def _rank_for_decision(
+    d: dict,
+    sw: Sweep,
+    setting: str,
+    df,
+    vals: dict[str, list[float]],
+    direction: str,
+    slo: dict | None,
+    defaults: dict,
+) -> tuple[str, str]:
+    """Rank the sweep's configs into ``d`` (ranking, best, runner-up and the gap between them).
+
+    Returns (best config, note): the best of those that meet the SLO, or of all of them, with a
+    note saying so, when none does.
+    """
+    d["ranking"] = [
+        {
+            "config": c,
+            "value": _value_label(sw, c, setting, defaults),
+            **{k: v for k, v in spread(vals[c]).items()},
+            "meets_slo": _meets(df, c, slo)[0],
+        }
+        for c in _rank(vals, direction)
+    ]
+    eligible = [c for c in _rank(vals, direction) if _meets(df, c, slo)[0]]
+    note = ""
+    if not eligible:
+        eligible = _rank(vals, direction)
+        note = "no configuration meets the SLO; ranked without it. "
+    best = eligible[0]
+    runner = eligible[1] if len(eligible) > 1 else None
+    d["best"] = best
+    d["runner_up"] = runner
+    if runner:
+        c = compare(vals[runner], vals[best])
+        d["gap_to_runner_up"] = {
+            "ratio": c["ratio"],
+            "within_noise": c["within_noise"],
+        }
+    return best, note
+
+
+def _judge_best_vs_default(
+    d: dict,
+    df,
+    vals: dict[str, list[float]],
+    ref: str,
+    best: str,
+    best_value,
+    metric: str,
+    note: str,
+    slo: dict | None,
+) -> dict:
+    """Change the setting to the best config's value only if it beats the default's point: beyond
+    the noise of their repeats, or by meeting an SLO that the default misses in every repeat."""
     c = compare(vals[ref], vals[best])
     d["vs_default"] = {
         "ratio": c["ratio"],
@@ -567,8 +606,7 @@ def decide_setting(
         "n_default": c["a"]["n"],
         "n_best": c["b"]["n"],
     }
-    use = slo if scenario.use_slo else None
-    ref_why = _meets(df, ref, use)[1]
+    ref_why = _meets(df, ref, slo)[1]
     if min(c["a"]["n"], c["b"]["n"]) < 2:
         d.update(
             status="kept: too few repeats",
@@ -580,9 +618,9 @@ def decide_setting(
         )
         return d
     if (
-        use
-        and _slo_every_repeat(df, ref, use) == "none"
-        and _slo_every_repeat(df, best, use) == "all"
+        slo
+        and _slo_every_repeat(df, ref, slo) == "none"
+        and _slo_every_repeat(df, best, slo) == "all"
     ):
         # An SLO gap counts only when it holds in every repeat of both (not just in the medians).
         d.update(
@@ -661,6 +699,40 @@ def choose(
     dflt = {**resolved_defaults(sweeps), **(defaults or {})}
     slo = {k: float(v) for k, v in (slo or {}).items() if v is not None}
 
+    single, bundles, context = _sort_sweeps(sweeps, sc, slo)
+    decisions = [
+        _decide_from_sweeps(setting, single[setting], sc, slo, dflt, base)
+        for setting in sorted(single)
+    ]
+    changed = {d["setting"]: d["value"] for d in decisions if d["changed"]}
+    settings = {**base, **changed}
+    failed = [s.key for s in sweeps if s.n_ok == 0]
+    return {
+        "scenario": sc.name,
+        "scenario_title": sc.title,
+        "objective": sc.describe(),
+        "slo": slo if sc.use_slo else {},
+        "base_settings": base,
+        "settings": settings,
+        "changed": changed,
+        "decisions": decisions,
+        "bundles": bundles,
+        "missing": _missing_evidence(single, bundles),
+        "failed_sweeps": failed,
+        "context_sweeps": context,
+        "resolved_defaults": dflt,
+        "sources": [
+            {"notebook": s.notebook, "sweep": s.name, "points": len(s.rows), "ok": s.n_ok}
+            for s in sweeps
+        ],
+    }
+
+
+def _sort_sweeps(
+    sweeps: list[Sweep], sc: Scenario, slo: dict
+) -> tuple[dict[str, list[Sweep]], list[dict], list[str]]:
+    """Sort the run's sweeps by what they varied: (setting -> sweeps that varied it alone, the
+    comparisons of those that varied several settings at once, labels of those that varied none)."""
     single: dict[str, list[Sweep]] = {}
     bundles: list[dict] = []
     context: list[str] = []
@@ -678,51 +750,59 @@ def choose(
                 bundles += compare_bundle(s, sc, slo)
             else:
                 context.append(s.label)
+    return single, bundles, context
 
-    decisions: list[dict] = []
-    for setting in sorted(single):
-        cands = sorted(single[setting], key=lambda s: (-_match_score(s, sc), -s.n_ok, s.label))
-        top = [c for c in cands if _match_score(c, sc) == _match_score(cands[0], sc)]
-        found = [decide_setting(c, setting, sc, slo, dflt, base) for c in top]
-        d = dict.fromkeys(DECISION_KEYS)
-        d.update(found[0])
-        d["also_in"] = [s.label for s in cands if all(s is not t for t in top)]
-        if len(found) > 1:
-            # Equally suited evidence (several workloads, several sweeps) must agree to change.
-            d["per_workload"] = [
-                {
-                    "evidence": c.label,
-                    "status": x["status"],
-                    "best": x.get("best"),
-                    "best/default": (x.get("vs_default") or {}).get("ratio"),
-                }
-                for c, x in zip(top, found, strict=True)
-            ]
-            outcomes = {(x["changed"], json.dumps(x["value"], default=str)) for x in found}
-            if len(outcomes) > 1:
-                d.update(
-                    changed=False,
-                    value=None,
-                    status="kept: evidence disagrees",
-                    reason="equally suited sweeps disagree: "
-                    + "; ".join(
-                        f"{c.label}: {x['status']}" for c, x in zip(top, found, strict=True)
-                    ),
-                )
-        if setting in POLICY:
-            if d.get("changed"):
-                d["measured_best"] = d["value"]
-            d.update(
-                changed=False,
-                value=None,
-                status="kept: policy",
-                reason=f"{setting} {POLICY[setting]}. " + d.get("reason", ""),
-            )
-        decisions.append(d)
 
-    changed = {d["setting"]: d["value"] for d in decisions if d["changed"]}
-    settings = {**base, **changed}
-    failed = [s.key for s in sweeps if s.n_ok == 0]
+def _decide_from_sweeps(
+    setting: str, sweeps: list[Sweep], sc: Scenario, slo: dict, dflt: dict, base: dict
+) -> dict:
+    """The decision for one setting from the sweeps that varied it alone: those that suit the
+    scenario best decide (and must agree to change it); the policy can still keep it."""
+    cands = sorted(sweeps, key=lambda s: (-_match_score(s, sc), -s.n_ok, s.label))
+    top = [c for c in cands if _match_score(c, sc) == _match_score(cands[0], sc)]
+    found = [decide_setting(c, setting, sc, slo, dflt, base) for c in top]
+    d = dict.fromkeys(DECISION_KEYS)
+    d.update(found[0])
+    d["also_in"] = [s.label for s in cands if all(s is not t for t in top)]
+    if len(found) > 1:
+        _require_agreement(d, top, found)
+    if setting in POLICY:
+        if d.get("changed"):
+            d["measured_best"] = d["value"]
+        d.update(
+            changed=False,
+            value=None,
+            status="kept: policy",
+            reason=f"{setting} {POLICY[setting]}. " + d.get("reason", ""),
+        )
+    return d
+
+
+def _require_agreement(d: dict, top: list[Sweep], found: list[dict]) -> None:
+    """Record each equally suited sweep's verdict in ``d``; keep the default if they disagree."""
+    # Equally suited evidence (several workloads, several sweeps) must agree to change.
+    d["per_workload"] = [
+        {
+            "evidence": c.label,
+            "status": x["status"],
+            "best": x.get("best"),
+            "best/default": (x.get("vs_default") or {}).get("ratio"),
+        }
+        for c, x in zip(top, found, strict=True)
+    ]
+    outcomes = {(x["changed"], json.dumps(x["value"], default=str)) for x in found}
+    if len(outcomes) > 1:
+        d.update(
+            changed=False,
+            value=None,
+            status="kept: evidence disagrees",
+            reason="equally suited sweeps disagree: "
+            + "; ".join(f"{c.label}: {x['status']}" for c, x in zip(top, found, strict=True)),
+        )
+
+
+def _missing_evidence(single: dict[str, list[Sweep]], bundles: list[dict]) -> list[str]:
+    """A line for each tuned setting (TOPICS) that no sweep of the run varied alone."""
     missing = []
     for name, topic in TOPICS.items():
         if name in single:
@@ -737,25 +817,7 @@ def choose(
             )
         else:
             missing.append(f"no evidence for {topic} in this run: {name} kept at vLLM's default")
-    return {
-        "scenario": sc.name,
-        "scenario_title": sc.title,
-        "objective": sc.describe(),
-        "slo": slo if sc.use_slo else {},
-        "base_settings": base,
-        "settings": settings,
-        "changed": changed,
-        "decisions": decisions,
-        "bundles": bundles,
-        "missing": missing,
-        "failed_sweeps": failed,
-        "context_sweeps": context,
-        "resolved_defaults": dflt,
-        "sources": [
-            {"notebook": s.notebook, "sweep": s.name, "points": len(s.rows), "ok": s.n_ok}
-            for s in sweeps
-        ],
-    }
+    return missing
 
 
 def evidence_sweep(sweeps: list[Sweep], decision: dict) -> Sweep | None:

@@ -7,7 +7,8 @@ as a row saying what was changed and why, and the notebook shows it.
 Also here: the verdicts on C1, C6 and C9 (``c1_verdict``, ``c6_verdict``, ``c9_verdict``),
 ``points_frame`` (a sweep's points as one DataFrame of ``results.point_row`` rows, with
 whether the gauge sampler saw each run) and the side-by-side tables of two configurations with
-their spread over engine starts.
+their spread over engine starts. The last section holds what 00's cells show: texts, tables and
+figures, each from one call.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tunebook.core.results import point_row
 from tunebook.core.workloads import make_workload
 from tunebook.engine.adapter import vllm_reaction
 from tunebook.engine.knobs import valid_block_sizes, validate_settings
+from tunebook.topics import plots
 
 # The article's final configuration, as written (seed, section 6, and the scheduler tip of 5.3),
 # nonexistent settings included; assemble.ARTICLE_SETTINGS is the part vLLM has.
@@ -505,3 +507,148 @@ def c9_verdict(checks: list[dict], vllm_version: str) -> dict:
             )
         ),
     )
+
+
+# --------------------------------------------------------------------------- notebook 00's cells
+def checks_text(checks: list[dict]) -> str:
+    """``check_each`` rows as a text table, the errors in full."""
+    import pandas as pd
+
+    with pd.option_context("display.max_colwidth", 200):
+        return pd.DataFrame(checks).to_string(index=False)
+
+
+def runnable_text(runnable: dict, changes: list[dict]) -> str:
+    """The article's configuration as it runs here, then one row per change (``runnable_settings``)."""
+    import pandas as pd
+
+    table = pd.DataFrame(changes).to_string(index=False) if changes else "(no changes)"
+    return f"article, as run here: {runnable}\n{table}"
+
+
+def named_workloads(workloads: dict) -> dict:
+    """name -> spec, each spec carrying its name (the points' ``workload`` column)."""
+    return {name: {**spec, "name": name} for name, spec in workloads.items()}
+
+
+def baseline_runs(
+    workloads: dict,
+    concurrent: dict,
+    max_concurrency: int | None,
+    mode: str,
+    concurrent_repeats: int,
+) -> dict:
+    """The workloads of the baseline sweep, as ``Workbook.sweep`` keyword arguments.
+
+    Every engine start serves each of ``workloads`` (capped at ``max_concurrency`` requests in
+    flight; None: no cap), then C6's ``concurrent`` workload, uncapped, as "concurrent". In-process
+    modes run C6 on the first ``concurrent_repeats`` starts only; served mode on every start.
+    """
+    if "concurrent" in workloads:
+        raise ValueError("C6 runs as the workload 'concurrent': rename that workload")
+    return {
+        "workloads": {**workloads, "concurrent": concurrent},
+        "point_overrides": {name: {"max_concurrency": max_concurrency} for name in workloads},
+        "workload_repeats": None if mode == "served" else {"concurrent": concurrent_repeats},
+    }
+
+
+def workload_points(results: list[dict], name: str) -> list[dict]:
+    """The points of one workload of a sweep that served several."""
+    return [r for r in results if (r.get("workload") or {}).get("name") == name]
+
+
+def workload_frames(results: list[dict], names) -> dict:
+    """workload name -> ``points_frame`` of its points, for each of ``names``."""
+    return {name: points_frame(workload_points(results, name)) for name in names}
+
+
+def failed_text(frames: dict) -> str:
+    """The failed points of each workload with their errors; "" when every point ran."""
+    parts = []
+    for name, df in frames.items():
+        if "status" not in df:
+            continue
+        failed = df.loc[df["status"] != "ok"].reindex(columns=["point_id", "error"])
+        if len(failed):
+            parts.append(f"{name}: failed points\n{failed.to_string(index=False)}")
+    return "\n".join(parts)
+
+
+# The baseline's charts, one per metric: (column, title).
+BASELINE_CHARTS: list[tuple[str, str]] = [
+    ("e2e_mean_ms", "Latency per request (mean e2e, ms)"),
+    ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("tpot_p50_ms", "TPOT p50 (ms)"),
+    ("request_throughput_rps", "Requests per second"),
+]
+
+
+def metric_charts(frames: dict) -> list:
+    """One bar chart per ``BASELINE_CHARTS`` metric: workloads on x, one bar per config (median,
+    min-max whiskers over engine starts)."""
+    import pandas as pd
+
+    allf = pd.concat([add_derived(df) for df in frames.values()], ignore_index=True)
+    return [
+        plots.bar_with_spread(allf, "workload", col, color="config", title=title)
+        for col, title in BASELINE_CHARTS
+    ]
+
+
+def c6_text(c6: dict, claim_model: str) -> str:
+    """``c6_arithmetic`` in three lines: bytes per token, the requests' KV, what the card holds."""
+    tokens = c6["tokens_each"]
+    return "\n".join(
+        [
+            f"{claim_model}: {c6['bytes_per_token']:,} B per token (bf16)",
+            f"{c6['requests']} requests x {tokens} tokens = {c6['kv_bytes']:,} B"
+            f" = {c6['kv_gib']:.2f} GiB of KV",
+            f"RTX 4090 ({c6['card_gib']} GiB) at gpu_memory_utilization"
+            f" {c6['gpu_memory_utilization']}: at most {c6['kv_space_gib']:.2f} GiB for KV after"
+            f" {c6['weights_gib']:.2f} GiB of weights -> {c6['requests_that_fit']} requests of"
+            f" {tokens} tokens",
+        ]
+    )
+
+
+# What the table of C6's run shows, in order (those the frame has).
+CONCURRENT_COLUMNS = [
+    "config",
+    "repeat",
+    "status",
+    "num_requests",
+    "num_requests_running_peak",
+    "num_preemptions",
+    "kv_cache_usage_peak_pct",
+    "KV blocks predicted %",
+    "cap_kv_capacity_tokens",
+    "error",
+]
+
+
+def concurrent_view(concurrent, workload: dict, shape: ModelShape):
+    """C6's run per engine (``points_frame``), with "KV blocks predicted %": the share of the
+    engine's KV blocks the workload holds with every request in flight (blank for a failed run)."""
+
+    def predicted_pct(row):
+        blocks = row.get("cap_num_gpu_blocks")
+        if row.get("status") != "ok" or not blocks or blocks != blocks:
+            return None
+        need = workload_need(workload, shape, int(row["cap_block_size"]))
+        return round(100 * need["blocks"] / blocks, 2)
+
+    view = concurrent.assign(
+        **{"KV blocks predicted %": [predicted_pct(r) for _, r in concurrent.iterrows()]}
+    )
+    return view[[c for c in CONCURRENT_COLUMNS if c in view]]
+
+
+def concurrent_timelines(results: list[dict], num_requests: int) -> list:
+    """The engine's state over C6's run (KV usage, running, waiting): one figure per
+    configuration, from its first engine start, when it ran and was sampled."""
+    return [
+        plots.timeline(r["timeline"], title=f"{r['config']}: {num_requests} requests at once")
+        for r in results
+        if r.get("status") == "ok" and r.get("repeat") == 0 and r.get("timeline")
+    ]

@@ -16,6 +16,8 @@ from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import compare, spread
 from tunebook.core.results import point_row
 from tunebook.engine.knobs import validate_settings
+from tunebook.topics import plots
+from tunebook.topics.prefill import long_form
 
 
 def screen(candidates: Iterable[int], settings: dict) -> list[dict]:
@@ -315,3 +317,183 @@ def c4_verdict(
     elif v == "inconclusive":
         note = "No size differs from 16 beyond the spread over engine starts. " + note
     return verdict("C4", v, figure, evidence, spread=sp, note=note)
+
+
+# --------------------------------------------------------------------------- notebook 02's cells
+
+
+def shared_prefix_workload(
+    num_requests: int, prompt_len: int, prefix_len: int, num_prefixes: int, output_len: int
+) -> dict:
+    """The chat-like offline batch: every prompt starts with one of ``num_prefixes`` shared
+    system prompts of ``prefix_len`` tokens (the workload takes the prefix as a share)."""
+    share = prefix_len / prompt_len
+    if round(prompt_len * share) != prefix_len:
+        raise ValueError(f"prefix length {prefix_len} does not round-trip through {share}")
+    return {
+        "kind": "shared_prefix",
+        "num_requests": num_requests,
+        "prompt_len": prompt_len,
+        "prefix_share": share,
+        "num_prefixes": num_prefixes,
+        "output_len": output_len,
+        "seed": 0,
+    }
+
+
+def setup_text(platform: str, vllm_version: str, model: str, workload: dict) -> str:
+    """Where the notebook runs and the batch every point gets, in two lines."""
+    w = workload
+    prefix = round(w["prompt_len"] * w["prefix_share"])
+    return (
+        f"platform {platform}, vLLM {vllm_version}, model {model}\n"
+        f"workload: {w['num_requests']} x ({w['prompt_len']} prompt tokens, {prefix} of them"
+        f" shared; {w['output_len']} out)"
+    )
+
+
+def validity_text(rows: list[dict]) -> str:
+    """One line per candidate (valid or not, the check's and the engine's word, the error's first
+    line), then the valid sizes."""
+    lines = []
+    for r in rows:
+        status = "valid" if r["valid"] else "invalid"
+        reason = f": {r['error'].splitlines()[0]}" if r["error"] else ""
+        lines.append(
+            f"block_size {r['block_size']:>4}: {status} (check {r['settings check']},"
+            f" engine {r['engine']}){reason}"
+        )
+    lines.append(f"valid block sizes: {valid_sizes(rows)}")
+    return "\n".join(lines)
+
+
+def failed_points(df):
+    """The sweep's points that did not finish (point id, status, error); empty when none."""
+    return df.loc[df["status"] != "ok", ["point_id", "status", "error"]]
+
+
+def results_for(results: list[dict], sizes: list[int]) -> list[dict]:
+    """The point results whose requested block size is among ``sizes``."""
+    return [p for p in results if requested_block_size(p) in sizes]
+
+
+def throughput_figure(df):
+    """Output throughput per block size: median bar, min-max over engine starts."""
+    return plots.bar_with_spread(
+        df,
+        "block_size",
+        "output_throughput_tok_s",
+        title="Output throughput per block size (median, min-max over engine starts)",
+        yaxis="output tokens/s",
+    )
+
+
+LATENCY_COLUMNS = {
+    "TTFT p50": "ttft_p50_ms",
+    "TTFT p99": "ttft_p99_ms",
+    "TPOT p50": "tpot_p50_ms",
+    "TPOT p99": "tpot_p99_ms",
+}
+
+
+def latency_figure(df):
+    """TTFT and TPOT percentiles per block size, one bar group per percentile."""
+    return plots.bar_with_spread(
+        long_form(df, "block_size", LATENCY_COLUMNS),
+        "block_size",
+        "value",
+        color="metric",
+        title="TTFT and TPOT percentiles per block size",
+        yaxis="ms",
+    )
+
+
+def capacity_text(summary_df, shape, kv_cache_memory_bytes: int | None) -> str:
+    """KV bytes per token, then per block size the blocks and tokens the engine reported, with
+    the arithmetic's tokens where the KV memory is set in bytes."""
+    lines = [f"KV bytes per token: {shape.kv_bytes_per_token():,}"]
+    for _, r in summary_df.iterrows():
+        bs = int(r["block_size"])
+        pred = (
+            shape.kv_capacity_tokens(kv_cache_memory_bytes, bs) if kv_cache_memory_bytes else None
+        )
+        extra = f" (arithmetic {pred:,})" if pred is not None else ""
+        lines.append(
+            f"block_size {bs:>4}: {int(r['num_gpu_blocks']):>6,} blocks,"
+            f" {int(r['kv_capacity_tokens']):>10,} tokens{extra}"
+        )
+    return "\n".join(lines)
+
+
+def granularity_text(granularity: list[dict], prefix_len: int) -> str:
+    """granularity_check() in words: measured cached tokens against floor(prefix/block)*block."""
+    return "\n".join(
+        f"block_size {g['block_size']:>4}: cached tokens per later request {g['measured']},"
+        f" floor({prefix_len}/{g['block_size']})*{g['block_size']} = {g['expected']},"
+        f" {'match' if g['match'] else 'MISMATCH'}"
+        for g in granularity
+    )
+
+
+def prefix_hits_figure(summary_df, prefix_len: int):
+    """Cached tokens per later request against block size, beside floor(prefix/block)*block and
+    the shared prefix's length (dashed)."""
+    d = summary_df.assign(**{"shared prefix": prefix_len})
+    return plots.lines(
+        d,
+        "block_size",
+        {
+            "measured cached tokens per later request": "cached tokens / warm request",
+            "floor(prefix / block) x block": "floor(prefix/block)*block",
+            "shared prefix length": "shared prefix",
+        },
+        title=f"Prefix-cache hits of a {prefix_len}-token shared prefix",
+        xaxis="block_size (log scale)",
+        yaxis="tokens",
+        dashed=("floor(prefix / block) x block", "shared prefix length"),
+        log_x=True,
+    )
+
+
+def backend_configs(backends: list[str], block_size: int) -> dict[str, dict]:
+    """One configuration per attention_backend value, all at ``block_size``."""
+    return {
+        f"attention_backend={b}": {"settings": {"attention_backend": b, "block_size": block_size}}
+        for b in backends
+    }
+
+
+def failures_text(results: list[dict]) -> str:
+    """One line per point that failed: its configuration and error; empty when none did."""
+    return "\n".join(f"{p['config']}: {p.get('error')}" for p in results if p.get("status") != "ok")
+
+
+def backends_frame(df, backend_results: list[dict], prefix_len: int, block_size: int):
+    """The default backend's points at ``block_size`` (from ``df``, per_point rows) with the
+    points of the attention_backend sweep."""
+    import pandas as pd
+
+    base = df[df["block_size"] == block_size]
+    extra = per_point(backend_results, prefix_len)
+    return pd.concat([base, extra], ignore_index=True) if len(extra) else base
+
+
+def backends_text(df) -> str:
+    """Which backend each asked-for attention_backend ran, then the backends in use."""
+    asked, used = "attention_backend (asked)", "attention_backend (used)"
+    pairs = dict.fromkeys(zip(df[asked], df[used], strict=True))
+    lines = [f"attention_backend asked {a}: used {u}" for a, u in pairs]
+    lines.append(f"backends in use here: {sorted(set(df[used]))}")
+    return "\n".join(lines)
+
+
+def backend_figure(df, block_size: int):
+    """Output throughput per (asked -> used) attention backend, at one block size."""
+    d = df.assign(backend=df["attention_backend (asked)"] + " -> " + df["attention_backend (used)"])
+    return plots.bar_with_spread(
+        d,
+        "backend",
+        "output_throughput_tok_s",
+        title=f"Output throughput per attention backend (block_size {block_size})",
+        yaxis="output tokens/s",
+    )

@@ -163,14 +163,25 @@ class Explorer:
         extra_sweeps: list[assemble.Sweep] | None = None,
         figure_widget: bool | None = None,
     ):
-        import ipywidgets as W
-
         self.run_dir = Path(run_dir)
         self.base = dict(base_settings or {})
         self.model = model
         self.sweeps = list(sweeps) if sweeps is not None else assemble.discover(self.run_dir)
         self.plottable = {s.key: s for s in [*self.sweeps, *(extra_sweeps or [])]}
         self.choice: dict = {}
+        self._make_controls(scenario, slo_ttft_ms, slo_tpot_ms)
+        self._make_outputs(figure_widget)
+        self._busy = False
+        self._open_on_first_decision(scenario)
+        self._fill_sweep_controls()
+        self.recompute()
+        self._observe_controls()
+        self.widget = self._layout()
+
+    # -- building
+    def _make_controls(self, scenario: str, slo_ttft_ms: float, slo_tpot_ms: float) -> None:
+        """The scenario and SLO inputs, and the sweep, metric and configs to plot."""
+        import ipywidgets as W
 
         self.scenario = W.Dropdown(
             options=list(assemble.SCENARIOS), value=scenario, description="scenario"
@@ -201,6 +212,12 @@ class Explorer:
         )
         self.metric = W.Dropdown(options=["(none)"], description="metric")
         self.configs = W.SelectMultiple(options=[], description="configs", rows=5)
+
+    def _make_outputs(self, figure_widget: bool | None) -> None:
+        """The recommendation, the serve command and the figure: a FigureWidget where plotly can
+        make one, else an Output that shows a redrawn Figure."""
+        import ipywidgets as W
+
         self.recommendation = W.HTML()
         self.recommendation.add_class(RECOMMENDATION_CLASS)
         self.command = W.HTML()
@@ -212,29 +229,43 @@ class Explorer:
         else:
             self.fig = None
             self.out = W.Output()
-        self._busy = False
+
+    def _open_on_first_decision(self, scenario: str) -> None:
+        """Plot first the sweep behind the first decision (a changed setting before a kept one)."""
         first = assemble.choose(self.sweeps, scenario, self.slo, self.base)["decisions"]
         first = sorted(first, key=lambda d: not d["changed"])
         if first and f"{first[0]['notebook']}/{first[0]['sweep']}" in self.plottable:
             self.sweep.value = f"{first[0]['notebook']}/{first[0]['sweep']}"
-        self._fill_sweep_controls()
-        self.recompute()
+
+    def _observe_controls(self) -> None:
+        """Recompute on a new scenario or SLO, refill the plot controls on a new sweep, redraw."""
         self.scenario.observe(self._on_choice, names="value")
         for w in (self.ttft, self.tpot):
             w.observe(self._on_slo, names="value")
         self.sweep.observe(self._on_sweep, names="value")
         for w in (self.metric, self.configs):
             w.observe(self._on_plot, names="value")
+
+    def _layout(self):
+        """Controls in two columns, then the recommendation, the command and the figure."""
+        import ipywidgets as W
+
         controls = W.HBox(
             [
                 W.VBox([self.scenario, self.ttft, self.tpot]),
                 W.VBox([self.sweep, self.metric, self.configs]),
             ]
         )
-        self.widget = W.VBox(
-            [controls, self.recommendation, self.command, self.fig if use_fw else self.out]
+        widget = W.VBox(
+            [
+                controls,
+                self.recommendation,
+                self.command,
+                self.fig if self.fig is not None else self.out,
+            ]
         )
-        self.widget.add_class("tunebook-explorer")
+        widget.add_class("tunebook-explorer")
+        return widget
 
     # -- state
     @property

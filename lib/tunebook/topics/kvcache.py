@@ -1,6 +1,7 @@
 """Notebook 01's helpers: KV arithmetic, predicted vs engine capacity, pressure, prefix sharing, drift.
 
-Also here: the verdicts on C2, C3, C5 and C12 (``c2_verdict`` ... ``c12_verdict``).
+Also here: the verdicts on C2, C3, C5 and C12 (``c2_verdict`` ... ``c12_verdict``), and in the
+last section what 01's cells show: texts, tables, figures and the sweeps' points, each from one call.
 
 Everything predicted here comes from the model's config.json (tunebook.core.model.ModelShape) and the
 settings of a point; everything measured comes from the point's result (the engine's own
@@ -17,6 +18,7 @@ from tunebook.core.metrics import compare
 from tunebook.core.model import GIB, MIB, ModelShape
 from tunebook.core.workloads import _COMMON, _KIND_KEYS, make_workload
 from tunebook.engine.checkpoint import prepare_random_init, random_init_checkpoint  # noqa: F401 (01 calls them as kv.*)
+from tunebook.topics import plots
 from tunebook.topics.baseline import points_frame
 
 # The article's formula (seed 4.1): "for a sequence of length L, KV ~ L x 2 x 32 x 128 x 2 bytes",
@@ -467,25 +469,46 @@ def drift_table(results: list[dict], reference: str):
 
 
 __all__ = [
+    "arithmetic_text",
     "article_bytes_per_token",
     "c12_verdict",
     "c2_verdict",
     "c3_verdict",
     "c5_verdict",
+    "capacity_figure",
+    "capacity_points",
     "capacity_table",
+    "capacity_text",
+    "drift_model",
     "drift_table",
-    "fp8_speed",
+    "failed_text",
+    "flat_logprobs",
     "formula_table",
+    "fp8_speed",
+    "fp8_speed_text",
     "gmu_slope",
     "headroom_table",
+    "headroom_text",
     "max_concurrency_table",
+    "max_concurrency_text",
     "points_frame",
+    "prefix_figure",
+    "prefix_points",
     "prefix_prediction",
     "prefix_table",
+    "prefix_text",
+    "prefix_view",
+    "pressure_figure",
+    "pressure_points",
     "pressure_table",
+    "pressure_text",
     "resolved_default",
     "same_memory_groups",
+    "same_memory_text",
     "shape_table",
+    "slope_text",
+    "speed_figure",
+    "weights_text",
 ]
 
 
@@ -796,3 +819,238 @@ def c12_verdict(
             " not measured here."
         ),
     )
+
+
+# --------------------------------------------------------------------------- notebook 01's cells
+def drift_model(model: str, random_init: bool, early=None) -> str:
+    """The model the capacity/drift engines load: the same shape with transformers' random init
+    (``random_init_checkpoint``, waiting for ``early``) when ``random_init``, else ``model``."""
+    return str(random_init_checkpoint(model, early=early)) if random_init else model
+
+
+def arithmetic_text(shape: ModelShape, name: str, seq_len: int, n_requests: int) -> str:
+    """The model's shape, a blank line, then the article's KV formula against the correct one."""
+    shape_txt = shape_table(shape, name).to_string()
+    formula_txt = formula_table(shape, seq_len, n_requests).to_string(index=False)
+    return f"{shape_txt}\n\n{formula_txt}"
+
+
+def capacity_points(configs: dict, model: str) -> dict:
+    """The capacity grid's points: name -> its settings, every one on ``model``."""
+    return {name: {"settings": s, "model": model} for name, s in configs.items()}
+
+
+def failed_text(results: list[dict]) -> str:
+    """One line per failed point with its error; "" when every point ran."""
+    return "\n".join(
+        f"{r['point_id']} failed: {r.get('error')}" for r in results if r.get("status") != "ok"
+    )
+
+
+# What the capacity table shows, in order.
+CAPACITY_COLUMNS = [
+    "config",
+    "repeat",
+    "kv_cache_dtype",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "KV memory (MiB)",
+    "block_size",
+    "bytes per token",
+    "predicted tokens",
+    "engine tokens",
+    "residual %",
+    "max concurrency at max_model_len",
+]
+
+
+def capacity_text(capacity, fp8: bool = False) -> str:
+    """``capacity_table`` rows of the bf16 (auto) KV engines, or with ``fp8`` those of any other
+    KV dtype ("no fp8 KV point ran here (errors above)" when there are none)."""
+    if not len(capacity):
+        return "no capacity engine finished (errors above)"
+    rows = capacity[(capacity["kv_cache_dtype"] != "auto") == fp8]
+    if fp8 and not len(rows):
+        return "no fp8 KV point ran here (errors above)"
+    return rows[CAPACITY_COLUMNS].to_string(index=False)
+
+
+def capacity_figure(capacity):
+    """Engine-reported KV capacity against the arithmetic, one marker per engine (log axes)."""
+    return plots.predicted_vs_measured(
+        capacity,
+        "predicted tokens",
+        "engine tokens",
+        "config",
+        title="KV capacity: engine against arithmetic",
+        log=True,
+        unit="tokens",
+    )
+
+
+def max_concurrency_text(capacity, shape: ModelShape, reference: str, max_model_lens) -> str:
+    """The first ``reference`` engine's capacity, then ``max_concurrency_table`` at it."""
+    rows = capacity[capacity["config"] == reference] if len(capacity) else capacity
+    if not len(rows):
+        return f"no engine of {reference!r} finished"
+    tokens, block_size = int(rows.iloc[0]["engine tokens"]), int(rows.iloc[0]["block_size"])
+    table = max_concurrency_table(shape, tokens, block_size, max_model_lens)
+    return (
+        f"{reference}: {tokens:,} tokens, block_size {block_size}\n{table.to_string(index=False)}"
+    )
+
+
+def weights_text(random_init: bool, flat: bool) -> str:
+    """Which weights the drift engines ran, and whether their logits came out flat."""
+    weights = "random init (transformers)" if random_init else "vLLM dummy"
+    return f"weights: {weights}; flat logits (every logprob = -ln vocab): {flat}"
+
+
+def speed_figure(results: list[dict]):
+    """Output tokens/s per capacity config on the drift prompts (median, min-max)."""
+    return plots.bar_with_spread(
+        points_frame(results),
+        "config",
+        "output_throughput_tok_s",
+        title="Output tokens/s on the drift prompts (median, min-max)",
+    )
+
+
+def fp8_speed_text(results: list[dict]) -> str:
+    """fp8 against bf16 output tokens/s, with the noise rule's word; "" unless both ran."""
+    speed = fp8_speed(results)
+    return f"fp8 / bf16 output tokens/s: {speed['ratio']:.3f} ({speed['noise']})" if speed else ""
+
+
+def pressure_points(knob: str, values, settings: dict) -> dict:
+    """The pressure engines: one config per value of ``knob``, each with ``settings`` too."""
+    return {f"{knob}-{v}": {"settings": {**settings, knob: v}} for v in values}
+
+
+def pressure_text(pressure) -> str:
+    """Per pressure engine: its KV capacity against what the workload holds at once."""
+    cols = [
+        "config",
+        "status",
+        "KV tokens (engine)",
+        "workload needs (tokens, all at once)",
+        "capacity / need",
+    ]
+    return pressure[cols].to_string(index=False)
+
+
+def pressure_figure(pressure):
+    """Preemptions, TTFT, throughput and requests running at once against the KV capacity."""
+    return plots.panels(
+        pressure,
+        "KV tokens (engine)",
+        [
+            ("preemptions", "preemptions"),
+            ("ttft_p99_ms", "TTFT p99 (ms)"),
+            ("output_throughput_tok_s", "output tokens/s"),
+            ("running peak", "requests running at once"),
+        ],
+        title="KV pressure: a smaller KV cache queues and preempts",
+        log_x=True,
+    )
+
+
+def prefix_points(shares, workload: dict) -> dict:
+    """Prefix caching on and off at each shared share: ``workload`` with its ``prefix_share``
+    set, named after the share."""
+    points = {}
+    for share in shares:
+        for on in (True, False):
+            points[f"share{share:g}-{'on' if on else 'off'}"] = {
+                "settings": {"enable_prefix_caching": on},
+                "workload": {
+                    **workload,
+                    "prefix_share": float(share),
+                    "name": f"shared_prefix_{share:g}",
+                },
+            }
+    return points
+
+
+# What the prefix table prints (predicted against measured), and what its view shows.
+PREFIX_COLUMNS = [
+    "config",
+    "enable_prefix_caching",
+    "prefix_share",
+    "block_size",
+    "prefix_len",
+    "shared blocks per prefix",
+    "predicted hit rate %",
+    "hit rate %",
+    "predicted cached tokens",
+    "cached tokens",
+    "predicted KV blocks",
+    "KV blocks without sharing",
+    "predicted KV saved %",
+]
+PREFIX_VIEW_COLUMNS = [
+    "config",
+    "prefix_share",
+    "enable_prefix_caching",
+    "KV blocks at peak (sampled)",
+    "predicted KV blocks",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "output_throughput_tok_s",
+]
+
+
+def prefix_text(prefix) -> str:
+    """``prefix_table``'s predicted and measured hits and KV blocks, rounded to 2 decimals."""
+    return prefix[PREFIX_COLUMNS].round(2).to_string(index=False)
+
+
+def prefix_view(prefix):
+    """``prefix_table``'s sampled KV peaks and speed figures, for display."""
+    return prefix[PREFIX_VIEW_COLUMNS]
+
+
+def prefix_figure(prefix):
+    """Hit rate, KV blocks at peak and TTFT against the shared share, caching on and off."""
+    return plots.panels(
+        prefix,
+        "prefix_share",
+        [
+            ("hit rate %", "prefix cache hit rate (%)"),
+            ("KV blocks at peak (sampled)", "KV blocks in use at peak"),
+            ("ttft_p50_ms", "TTFT p50 (ms)"),
+        ],
+        color="enable_prefix_caching",
+        title="Prefix caching on/off against the shared share",
+    )
+
+
+def headroom_text(headroom, per_step: dict, name: str, seq_len: int) -> str:
+    """``headroom_table``'s table under the model's name, then what each 0.05 of
+    gpu_memory_utilization costs per card."""
+    lines = [f"{name}, bf16 KV:", headroom.to_string(index=False)]
+    lines += [
+        f"{card}: each 0.05 of gpu_memory_utilization = {toks:,.0f} tokens"
+        f" = {toks / seq_len:.0f} requests of {seq_len} tokens"
+        for card, toks in per_step.items()
+    ]
+    return "\n".join(lines)
+
+
+def slope_text(slope: list[dict]) -> str:
+    """``gmu_slope``'s rows as a table, or why there are none."""
+    if not slope:
+        return (
+            "no pair of engines differing only in gpu_memory_utilization here"
+            " (CPU sizes KV by kv_cache_memory_bytes)"
+        )
+    import pandas as pd
+
+    return pd.DataFrame(slope).to_string(index=False)
+
+
+def same_memory_text(groups) -> str:
+    """``same_memory_groups``'s table, or that no such engines ran."""
+    if not len(groups):
+        return "no engines with equal KV memory and different max_model_len"
+    return groups.to_string(index=False)

@@ -29,6 +29,7 @@ from tunebook.core.metrics import compare, percentile, spread
 from tunebook.core.model import ModelShape
 from tunebook.core.results import point_row
 from tunebook.engine import adapter
+from tunebook.topics import plots
 
 # --------------------------------------------------------------------------- roofline
 
@@ -677,3 +678,278 @@ def doc_coefficients(shape: ModelShape) -> str:
         f"FLOPs(S) = {c['linear_flops']:.4g} * S + {c['quadratic_flops']:,.0f} * S^2"
         f" + {c['const_flops']:.3g}"
     )
+
+
+# --------------------------------------------------------------------------- notebook 03's cells
+
+
+@dataclass
+class Plan:
+    """What notebook 03 measures, from its parameters and the installed vLLM."""
+
+    max_model_len: int
+    serve_default: int | None  # max_num_batched_tokens that `vllm serve` picks here
+    before: int  # C10 'before' value of max_num_batched_tokens
+    after: int  # C10 'after' value
+    values: list[int]  # max_num_batched_tokens values swept under mixed load
+    curve_max_prompt_len: int  # longest prompt of the TTFT curve
+    mixed_mode: str
+    mixed_sweep: str  # sweep name of the mixed load
+
+
+def plan(
+    engine_settings: dict,
+    shape: ModelShape,
+    values: Sequence[int],
+    before: int | None,
+    after: int,
+    curve_max_prompt_len: int | None,
+    mixed_mode: str,
+    serve_default: int | None,
+) -> Plan:
+    """The notebook's derived settings: ``before`` None is vllm serve's default here (an error if
+    the installed vLLM does not say it); the swept values always include before and after; the
+    curve runs up to max_model_len - 1 unless given."""
+    max_model_len = int(engine_settings.get("max_model_len") or shape.max_position_embeddings)
+    before = before or serve_default
+    if before is None:
+        raise ValueError(
+            "the installed vLLM does not say its server default: set before_max_num_batched_tokens"
+        )
+    return Plan(
+        max_model_len=max_model_len,
+        serve_default=serve_default,
+        before=before,
+        after=after,
+        values=sorted(set(values) | {before, after}),
+        curve_max_prompt_len=curve_max_prompt_len or max_model_len - 1,
+        mixed_mode=mixed_mode,
+        # served results are kept apart from in-process ones: they are different measurements
+        mixed_sweep="max_num_batched_tokens"
+        if mixed_mode == "online"
+        else f"max_num_batched_tokens_{mixed_mode}",
+    )
+
+
+def setup_text(p: Plan, platform: str, vllm_version: str, model: str) -> str:
+    """Where the notebook runs and what it sweeps, in three lines."""
+    return (
+        f"platform {platform}, vLLM {vllm_version}, model {model}, max_model_len {p.max_model_len}\n"
+        f"vllm serve's max_num_batched_tokens here: {p.serve_default}; before {p.before} -> after"
+        f" {p.after}\n"
+        f"max_num_batched_tokens swept under mixed load ({p.mixed_mode}): {p.values}"
+    )
+
+
+def arithmetic_text(shape: ModelShape, peak_tflops: float | None, hbm_tb_s: float | None) -> str:
+    """The prefill FLOPs polynomial, the shape's figures, the crossover length, the bytes moved
+    and whether a roofline floor is drawn."""
+    c = prefill_coefficients(shape)
+    floor = (
+        f"{peak_tflops} TFLOP/s, {hbm_tb_s} TB/s"
+        if peak_tflops is not None and hbm_tb_s is not None
+        else "not drawn (no peak figures for this device)"
+    )
+    return "\n".join(
+        [
+            doc_coefficients(shape),
+            f"non-embedding parameters N = {c['non_embedding_params']:,.0f};"
+            f" L={shape.num_hidden_layers}, H={shape.num_attention_heads}, d={shape.head_dim}",
+            f"attention term overtakes the weight term at S = {crossover_len(shape):,.0f} tokens",
+            f"weights {c['weight_bytes'] / 1e9:.3f} GB, KV {c['kv_bytes_per_token']:,.0f} B per token",
+            f"roofline floor: {floor}",
+        ]
+    )
+
+
+def curve_configs(max_num_batched_tokens: int) -> dict[str, dict]:
+    """The TTFT curve's one configuration: one request at a time (max_num_seqs 1)."""
+    return {
+        f"max_num_batched_tokens={max_num_batched_tokens}": {
+            "settings": {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": 1}
+        }
+    }
+
+
+def curve_workload(num_requests: int, min_prompt_len: int, max_prompt_len: int) -> dict:
+    """Requests of uniformly random prompt length, one output token each."""
+    return {
+        "kind": "uniform",
+        "num_requests": num_requests,
+        "min_prompt_len": min_prompt_len,
+        "max_prompt_len": max_prompt_len,
+        "output_len": 1,
+        "seed": 0,
+    }
+
+
+def failures_text(results: list[dict]) -> str:
+    """One line per point that failed: its id and error; empty when none did."""
+    return "\n".join(
+        f"{p['point_id']} failed: {p.get('error')}" for p in results if p.get("status") != "ok"
+    )
+
+
+def curve_summary(curve):
+    """Per engine start: requests, shortest and longest prompt, fastest/median/slowest prefill."""
+    return curve.groupby("repeat").agg(
+        requests=("alone_ms", "size"),
+        shortest=("prompt_tokens", "min"),
+        longest=("prompt_tokens", "max"),
+        fastest_ms=("alone_ms", "min"),
+        median_ms=("alone_ms", "median"),
+        slowest_ms=("alone_ms", "max"),
+    )
+
+
+def compare_per_start(curve) -> tuple[dict, dict]:
+    """The four models fitted per engine start, compared in sample and out of sample
+    (compare_fits on ``rms_rel_pct``, then on ``extrap_rms_rel_pct``)."""
+    per_run = [fit_all(g["prompt_tokens"], g["alone_ms"]) for _, g in curve.groupby("repeat")]
+    return (
+        compare_fits(per_run, score="rms_rel_pct"),
+        compare_fits(per_run, score="extrap_rms_rel_pct"),
+    )
+
+
+CURVE_TITLES = {
+    False: "Prefill time of a request alone, against its prompt length (fits: RMS relative residual)",
+    True: "The same on log-log axes: slope 1 is linear, slope 2 quadratic; an exponential bends up",
+}
+
+
+def curve_figure(
+    curve,
+    fits: list[Fit],
+    shape: ModelShape,
+    peak_tflops: float | None = None,
+    hbm_tb_s: float | None = None,
+    log: bool = False,
+):
+    """Prefill time alone against prompt length, one colour per engine start, with the
+    linear+quadratic and constant+exponential fits and, given peak figures, the roofline floor
+    (dashed); ``log``: log-log axes."""
+    s_max = curve["prompt_tokens"].max()
+    points = {
+        f"measured, engine start {r}": (g["prompt_tokens"], g["alone_ms"])
+        for r, g in curve.groupby("repeat")
+    }
+    shown = [f for f in fits if f.model in ("linear+quadratic", "constant+exponential")]
+    curves = fit_curves(shown, s_max)
+    dashed: tuple[str, ...] = ()
+    if peak_tflops is not None and hbm_tb_s is not None:
+        xs = np.linspace(1, s_max, 200)
+        curves["roofline floor"] = (xs, prefill_floor_ms(shape, xs, peak_tflops, hbm_tb_s))
+        dashed = ("roofline floor",)
+    return plots.scatter_with_curves(
+        points,
+        curves,
+        title=CURVE_TITLES[log],
+        xaxis="prompt tokens",
+        yaxis="prefill time alone (ms)",
+        log_x=log,
+        log_y=log,
+        dashed=dashed,
+    )
+
+
+def floor_table(curve, shape: ModelShape, peak_tflops: float, hbm_tb_s: float, bins: int = 6):
+    """Median prefill time alone against the roofline floor, in ``bins`` prompt-length bins."""
+    import pandas as pd
+
+    d = curve.assign(
+        floor_ms=prefill_floor_ms(shape, curve["prompt_tokens"], peak_tflops, hbm_tb_s)
+    )
+    d["floor / measured"] = d["floor_ms"] / d["alone_ms"]
+    cols = ["alone_ms", "floor_ms", "floor / measured"]
+    return d.groupby(pd.cut(d["prompt_tokens"], bins), observed=True)[cols].median()
+
+
+def mixed_workload(
+    num_requests: int,
+    short_len: int,
+    long_len: int,
+    long_fraction: float,
+    output_len: int,
+    long_output_len: int,
+    request_rate: float,
+) -> dict:
+    """Short and long prompts arriving as a Poisson process at ``request_rate`` per second."""
+    return {
+        "kind": "mixed",
+        "num_requests": num_requests,
+        "short_len": short_len,
+        "long_len": long_len,
+        "long_fraction": long_fraction,
+        "output_len": output_len,
+        "long_output_len": long_output_len,
+        "request_rate": request_rate,
+        "seed": 0,
+    }
+
+
+def swept_results(results: list[dict], values: Sequence[int]) -> list[dict]:
+    """The points whose max_num_batched_tokens is among ``values`` (a resumed run folder may hold
+    others)."""
+    return [p for p in results if (p.get("settings") or {}).get("max_num_batched_tokens") in values]
+
+
+MIXED_COLUMNS = [
+    "max_num_batched_tokens",
+    "repeat",
+    "n_short",
+    "n_long",
+    "ttft_short_p50_ms",
+    "ttft_short_p90_ms",
+    "ttft_long_p50_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "output_throughput_tok_s",
+    "num_preemptions",
+]
+
+
+def mixed_table(loaded):
+    """The columns of mixed_load_table() the notebook shows."""
+    return loaded[MIXED_COLUMNS]
+
+
+def _mixed_bars(loaded, columns: dict[str, str], title: str):
+    x = "max_num_batched_tokens"
+    return plots.bar_with_spread(
+        long_form(loaded, x, columns), x, "value", color="metric", title=title, yaxis="ms"
+    )
+
+
+def mixed_ttft_figure(loaded):
+    """TTFT of short and long requests under mixed load per max_num_batched_tokens."""
+    cols = {
+        "short TTFT p50": "ttft_short_p50_ms",
+        "short TTFT p90": "ttft_short_p90_ms",
+        "long TTFT p50": "ttft_long_p50_ms",
+    }
+    title = "TTFT per request class under mixed load (median, min-max over engine starts)"
+    return _mixed_bars(loaded, cols, title)
+
+
+def mixed_itl_figure(loaded):
+    """Inter-token latency (p50, p99) of the running decodes per max_num_batched_tokens."""
+    cols = {"ITL p50": "itl_p50_ms", "ITL p99": "itl_p99_ms"}
+    return _mixed_bars(loaded, cols, "Inter-token latency of the running decodes")
+
+
+def mixed_throughput_figure(loaded):
+    """Output throughput under the mixed load per max_num_batched_tokens."""
+    return plots.bar_with_spread(
+        loaded.assign(status="ok"),
+        "max_num_batched_tokens",
+        "output_throughput_tok_s",
+        title="Output throughput under the mixed load",
+        yaxis="output tokens/s",
+    )
+
+
+def alone_by_class(curve, bounds: Sequence[int]) -> dict[str, list[float]]:
+    """Prefill times alone of the curve's requests per length class (short, medium, long)."""
+    cls = curve["prompt_tokens"].map(lambda n: length_class(n, bounds))
+    return {c: curve.loc[cls == c, "alone_ms"].tolist() for c in CLASSES}

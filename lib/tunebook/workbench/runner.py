@@ -206,27 +206,11 @@ def run_workbook(
     prof = load_profile(profile)
     names = select_notebooks(notebooks)
     warm = start_warm_up(_models(prof, names))
-    ahead = run_dir = made = None
     try:
-        plan = preflight(prof, names, engine=False)
-        run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
-        if early.wanted():
-            # The first notebook's kernel prepares (tunebook.workbench.early) while vLLM is imported here
-            # for the value checks; a check that fails removes the run folder again.
-            new = first_missing(Path(runs_dir).resolve() / run_id)
-            run_dir = claim_run_dir(runs_dir, run_id, resume)
-            made = new
-            todo = _todo(names, _state(run_dir), resume)
-            ahead = _start_early(todo[0], plan, run_dir, None) if todo else None
-        engine_preflight(prof, plan)
-        log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
-        if run_dir is None:
-            run_dir = claim_run_dir(runs_dir, run_id, resume)
+        run_dir, run_id, plan, ahead = _check_and_claim(
+            prof, names, profile, run_id, runs_dir, resume, log
+        )
     except BaseException:
-        if ahead is not None:
-            ahead.discard()
-        if made is not None:  # a run that never started leaves nothing
-            shutil.rmtree(made, ignore_errors=True)
         finish_warm_up(warm, None, started)
         raise
     state_path = run_dir / "run.json"
@@ -245,16 +229,8 @@ def run_workbook(
     def warm_up_done(log) -> None:
         if warm is None or "warm_up" in me:
             return
-        w = me["warm_up"] = finish_warm_up(warm, run_dir, started)
-        if w and w["resolved"]:
-            log(
-                f"[tunebook] vLLM's model inspection ({', '.join(w['resolved'])}) cached in the"
-                f" background: {w['seconds']:.1f} s, done {w['ended_after_s']:.0f} s after the"
-                " runner started"
-            )
-        else:  # stopped at the run's end, or failed: engines inspect the model themselves
-            how = "was stopped" if w["returncode"] == -signal.SIGKILL else "failed"
-            log(f"[tunebook] the model inspection warm-up {how}: see {WARM_UP_LOG}")
+        me["warm_up"] = finish_warm_up(warm, run_dir, started)
+        _log_warm_up(me["warm_up"], log)
 
     with open(run_dir / RUN_LOG, "a") as run_log:
         tee = _tee(log, run_log)
@@ -276,6 +252,59 @@ def run_workbook(
             warm_up_done(tee)
             record()
     return run_dir
+
+
+def _check_and_claim(
+    prof: dict,
+    names: list[str],
+    profile: str,
+    run_id: str | None,
+    runs_dir: str | Path,
+    resume: bool,
+    log,
+) -> tuple[Path, str, dict[str, dict], early.EarlyKernel | None]:
+    """Check every notebook's parameters and claim the run folder: returns (run folder, run id,
+    each notebook's parameters, the first notebook's kernel started early or None).
+
+    A check that fails leaves nothing behind: the early kernel is stopped and the folder made
+    for it removed.
+    """
+    ahead = run_dir = made = None
+    try:
+        plan = preflight(prof, names, engine=False)
+        run_id = safe_name(run_id or new_run_id(Path(profile).stem), "run id")
+        if early.wanted():
+            # The first notebook's kernel prepares (tunebook.workbench.early) while vLLM is imported here
+            # for the value checks; a check that fails removes the run folder again.
+            new = first_missing(Path(runs_dir).resolve() / run_id)
+            run_dir = claim_run_dir(runs_dir, run_id, resume)
+            made = new
+            todo = _todo(names, _state(run_dir), resume)
+            ahead = _start_early(todo[0], plan, run_dir, None) if todo else None
+        engine_preflight(prof, plan)
+        log(f"[tunebook] {prof['_path']}: parameters of {len(names)} notebook(s) checked")
+        if run_dir is None:
+            run_dir = claim_run_dir(runs_dir, run_id, resume)
+    except BaseException:
+        if ahead is not None:
+            ahead.discard()
+        if made is not None:  # a run that never started leaves nothing
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    return run_dir, run_id, plan, ahead
+
+
+def _log_warm_up(w: dict, log) -> None:
+    """One line on the model inspection warm-up: what it cached, or that it did not finish."""
+    if w and w["resolved"]:
+        log(
+            f"[tunebook] vLLM's model inspection ({', '.join(w['resolved'])}) cached in the"
+            f" background: {w['seconds']:.1f} s, done {w['ended_after_s']:.0f} s after the"
+            " runner started"
+        )
+    else:  # stopped at the run's end, or failed: engines inspect the model themselves
+        how = "was stopped" if w["returncode"] == -signal.SIGKILL else "failed"
+        log(f"[tunebook] the model inspection warm-up {how}: see {WARM_UP_LOG}")
 
 
 def _state(run_dir: Path) -> dict:
@@ -403,17 +432,7 @@ def _run_notebooks(
                         call["early_kernel"] = _hand_over(mine, call_start, run_log)
                     if nxt < len(todo):
                         ahead = _start_early(todo[nxt], plan, run_dir, run_log)
-                    with ProgressLine(name, run_dir / name / PROGRESS_FILE, run_log):
-                        pm.execute_notebook(
-                            str(NOTEBOOKS_DIR / f"{name}.ipynb"),
-                            str(out_nb),
-                            parameters=params,
-                            cwd=str(NOTEBOOKS_DIR),
-                            progress_bar=False,
-                            log_output=False,
-                            kernel_name="python3",
-                            **({"km": mine.km} if mine and mine.km else {}),
-                        )
+                    _execute_notebook(pm, name, out_nb, params, mine, run_dir, run_log)
                     call["status"] = "ok"
                 except KeyboardInterrupt:
                     # Ctrl-C: papermill's client shuts the kernel down; its engines go with its
@@ -439,18 +458,36 @@ def _run_notebooks(
                     entry = _record_call(state, name, call)
                     atomic_write_text(state_path, json.dumps(state, indent=2))
                     run_log.write(f"[tunebook] {name}: {hidden_text(err.take_counts())}\n")
-                log(
-                    f"[tunebook] {name}: ok in {call['seconds']:.0f} s"
-                    + (
-                        f" ({entry['seconds']:.0f} s over {len(entry['calls'])} calls)"
-                        if len(entry["calls"]) > 1
-                        else ""
-                    )
-                )
+                log(_done_line(name, call, entry))
     finally:
         if ahead is not None:  # the run stopped before that notebook's turn
             ahead.discard()
         pm_log.removeFilter(known)
+
+
+def _execute_notebook(pm, name: str, out_nb: Path, params: dict, mine, run_dir: Path, run_log):
+    """Execute one notebook with papermill into ``out_nb`` (in the kernel started early for it,
+    ``mine``, where there is one), its progress on one terminal line."""
+    with ProgressLine(name, run_dir / name / PROGRESS_FILE, run_log):
+        pm.execute_notebook(
+            str(NOTEBOOKS_DIR / f"{name}.ipynb"),
+            str(out_nb),
+            parameters=params,
+            cwd=str(NOTEBOOKS_DIR),
+            progress_bar=False,
+            log_output=False,
+            kernel_name="python3",
+            **({"km": mine.km} if mine and mine.km else {}),
+        )
+
+
+def _done_line(name: str, call: dict, entry: dict) -> str:
+    """The progress line of a notebook that ran: this call's seconds, and all calls' if several."""
+    return f"[tunebook] {name}: ok in {call['seconds']:.0f} s" + (
+        f" ({entry['seconds']:.0f} s over {len(entry['calls'])} calls)"
+        if len(entry["calls"]) > 1
+        else ""
+    )
 
 
 def _start_early(name: str, plan: dict, run_dir: Path, run_log):
