@@ -18,6 +18,7 @@ from tunebook.core.errors import ConfigError
 from tunebook.core.model import resolve_model_dir
 
 MODES = ("offline", "online", "served")
+CLIENTS = ("tunebook", "vllm-bench")  # served mode's load generators
 
 
 @dataclass
@@ -51,6 +52,10 @@ class Point:
     search: dict | None = (
         None  # served mode: capacity search under the SLO (served.SEARCH_DEFAULTS)
     )
+    # served mode: who sends the requests: "tunebook" (tunebook.measure.loadgen) or "vllm-bench"
+    # (vLLM's own `vllm bench serve`, the independent check); a client-side choice, so points
+    # with either share a deployment start
+    client: str = "tunebook"
 
     @classmethod
     def from_dict(cls, d: dict | Point, source: str | None = None) -> Point:
@@ -105,6 +110,10 @@ class Point:
                 bad("search", "must be a mapping (served.SEARCH_DEFAULTS lists its keys)")
             if not self.slo:
                 bad("search", "needs an SLO: the capacity is the highest rate at which it holds")
+        if self.client not in CLIENTS:
+            bad("client", f"must be one of {', '.join(CLIENTS)}")
+        if self.client != "tunebook" and self.mode != "served":
+            bad("client", "is for mode 'served' (a client of vllm serve)")
         if self.serve and self.mode != "served":
             bad("serve", "is for mode 'served' (options of vllm serve and the router)")
 
@@ -173,6 +182,9 @@ class Result:
     metrics: dict | None = None  # the last repeat's headline figures
     repeat_metrics: list | None = None
     per_rate: list | None = None  # served: metrics at each offered rate (rates or capacity search)
+    # served: who sent the requests and what it kept (its schedule check; vllm bench serve's
+    # own summary and result files)
+    client: dict | None = None
     requests: list | None = None
     timeline: list | None = None
     wall_s: float | None = None

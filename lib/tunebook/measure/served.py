@@ -38,8 +38,8 @@ from tunebook.core import sustained
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
 from tunebook.core.metrics import slo_holds as slo_holds_of
-from tunebook.core.model import GIB, load_shape
-from tunebook.core.points import Point, Result
+from tunebook.core.model import GIB, load_shape, resolve_model_dir
+from tunebook.core.points import Point, Result, has_tokenizer
 from tunebook.core.workloads import Workload, make_workload
 from tunebook.engine import launcher
 from tunebook.engine.adapter import cpu_model, engine_default, failure_reason, parse_log
@@ -69,6 +69,7 @@ from tunebook.engine.vllm_http import (
     parse_totals,
     port_free,
 )
+from tunebook.measure import benchserve
 from tunebook.measure.loadgen import ClientRequest, LoadGenerator
 
 # Options of the deployment (Point.serve) that are not `vllm serve` flags.
@@ -205,6 +206,14 @@ def check_deployment(point: Point) -> None:
             key="metrics_interval_s",
             source=src,
         )
+    who = point.client
+    if who == benchserve.CLIENT and not has_tokenizer(resolve_model_dir(point.model)):
+        raise ConfigError(
+            f"client={who!r} sends text prompts: {point.model} needs a tokenizer"
+            " (scripts/make_tokenizer.py --model <folder> makes one)",
+            key="client",
+            source=src,
+        )
     how = serve.get("launcher", "fork")
     if how not in FORK_OR_SPAWN:
         raise ConfigError(f"launcher={how!r}: use 'fork' or 'spawn'", key="launcher", source=src)
@@ -288,6 +297,7 @@ class Deployment:
         self.router: subprocess.Popen | None = None
         self.router_url: str | None = None
         self.client: LoadGenerator | None = None
+        self._bench_runs = 0  # vllm bench serve runs so far (their files are numbered)
         self.start_s: float | None = None
         # "forked" from a launcher that imported vLLM's CLI once, or "spawned" afresh.
         self.server_start = "spawned"
@@ -548,7 +558,9 @@ class Deployment:
             "router": f"vllm-router {_dist_version('vllm-router')} ({self.policy})"
             if self.router
             else None,
-            "client": f"tunebook.measure.loadgen ({self.client_workers} process(es), aiohttp streamed)",
+            "client": f"vllm bench serve ({self.client_workers} process(es))"
+            if (point or self.point).client == benchserve.CLIENT
+            else f"tunebook.measure.loadgen ({self.client_workers} process(es), aiohttp streamed)",
             "api": self.api,
             "prompt_path": "token ids"
             if self.kwargs.get("skip_tokenizer_init")
@@ -648,16 +660,30 @@ class Deployment:
         sampler.start()
         t0 = time.perf_counter()
         try:
-            recs, check = self.client.run(
-                self.url,
-                self.model_name,
-                self.client_requests(wl),
-                api=self.api,
-                sampling=client.sampling_kwargs(),
-                timeout_s=self.request_timeout_s,
-                max_concurrency=client.max_concurrency,
-                stop=stop,
-            )
+            if record and client.client == benchserve.CLIENT:  # warm-ups: tunebook's client
+                self._bench_runs += 1
+                recs, check = benchserve.run(
+                    self.url,
+                    self.model_name,
+                    str(resolve_model_dir(self.point.model)),
+                    wl,
+                    client.slo,
+                    int(client.serve.get("client_workers", 1)),
+                    self.log_dir,
+                    f"{client.point_id}-{self._bench_runs}",
+                    self.request_timeout_s + 600,
+                )
+            else:
+                recs, check = self.client.run(
+                    self.url,
+                    self.model_name,
+                    self.client_requests(wl),
+                    api=self.api,
+                    sampling=client.sampling_kwargs(),
+                    timeout_s=self.request_timeout_s,
+                    max_concurrency=client.max_concurrency,
+                    stop=stop,
+                )
         finally:
             dur = time.perf_counter() - t0
             peaks = sampler.stop()
@@ -701,7 +727,9 @@ class Deployment:
             100.0 * metrics["prefix_cache_hits"] / q if q else 0.0
         )
         metrics["offered_rps"] = wl.spec.get("request_rate") or None
-        metrics.update({k: v for k, v in check.items() if k not in ("client", "start_wall")})
+        metrics.update(
+            {k: v for k, v in check.items() if k not in ("client", "start_wall", "bench")}
+        )
         # What a chat reader sees as a stall: the gaps between streamed chunks, pooled.
         metrics["chunk_gap_p99_ms"] = metrics.get("itl_p99_ms")
         if min_window_s is not None and metrics["offered_rps"]:
@@ -740,7 +768,9 @@ def judge_window(
 ) -> dict:
     """The sustained rule's figures for one rate's window (``tunebook.core.sustained.judge``),
     and what a 4-s window would have said: the SLO over the requests sent in its first 4 s."""
-    window = max((r.arrival_s for r in wl.requests), default=0.0)
+    # How long arrivals lasted: the last request sent (the schedule's, or vllm bench serve's own)
+    sent = [r["sent_s"] for r in records if r.get("sent_s") is not None]
+    window = max(sent) if sent else max((r.arrival_s for r in wl.requests), default=0.0)
     j = sustained.judge(records, timeline, window, slo_holds, offset_s, min_window_s)
     out = {k: j[k] for k in j if k != "broke"}
     out["why_not_sustained"] = sustained.why_not(j)
@@ -994,6 +1024,7 @@ def _measure(point: Point, dep: Deployment, wl: Workload, result: Result, on_sam
         runs.append(dep.run(wl, on_sample=on_sample, point=point))
     result.metrics = runs[-1]["metrics"]
     result.repeat_metrics = [r["metrics"] for r in runs]
+    result.client = runs[-1]["client"]
     result.requests = runs[-1]["requests"]
     result.timeline = runs[-1]["timeline"]
 

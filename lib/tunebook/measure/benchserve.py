@@ -1,0 +1,232 @@
+"""vLLM's own client, ``vllm bench serve``, as a served point's load generator: the independent
+check of what tunebook's client measured.
+
+A served point with ``serve: {client: vllm-bench}`` is measured by ``vllm bench serve`` (its
+random dataset with the workload's prompt and output lengths, Poisson arrivals at the workload's
+rate, ``--goodput`` with the point's SLO) instead of ``tunebook.measure.loadgen``. Everything else
+is the same: the deployment, the /metrics sampler, the SLO and the sustained rule read the
+per-request records that ``--save-detailed`` keeps (converted here to tunebook's record
+fields). One ``vllm bench serve`` process keeps a schedule up to a few hundred requests a second;
+above that ``client_workers`` processes share the rate, each at rate / N with its own seed, forked
+from one process that imported vLLM once and released together from a barrier (the recipe that
+held 512 req/s on an H200 node, FINDINGS 2026-12-06).
+
+Each worker's result JSON is kept, gzipped and without its generated texts (random text from
+dummy weights), beside the point's logs: ``bench-<step>-w<i>.json.gz``.
+
+    python -m tunebook.measure.benchserve <job.json>    # the forking runner (a child process)
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tunebook.core.errors import ConfigError
+from tunebook.core.workloads import Workload
+
+CLIENT = "vllm-bench"  # serve.client's value that picks this client
+SUPPORTED_KINDS = ("fixed",)
+
+
+def worker_args(
+    base_url: str,
+    model_name: str,
+    tokenizer: str,
+    wl: Workload,
+    slo: dict | None,
+    workers: int,
+    result_dir: Path,
+    step: str,
+) -> list[list[str]]:
+    """The ``vllm bench serve`` arguments of each worker: the workload's lengths, its rate and
+    request count split N ways, a seed each, and the files to save."""
+    spec = wl.spec
+    kind = spec.get("kind", "fixed")
+    if kind not in SUPPORTED_KINDS:
+        raise ConfigError(
+            f"client vllm-bench runs the random dataset of fixed lengths; workload kind {kind!r}"
+            f" is tunebook's own (use kinds {', '.join(SUPPORTED_KINDS)})",
+            key="client",
+        )
+    rate = spec.get("request_rate")
+    n = len(wl.requests)
+    workers = max(1, min(workers, n))  # a worker with no prompt would fail
+    out = []
+    for i in range(workers):
+        share = n // workers + (1 if i < n % workers else 0)
+        args = [
+            "--backend", "openai",
+            "--base-url", base_url,
+            "--endpoint", "/v1/completions",
+            "--model", model_name,
+            "--tokenizer", tokenizer,
+            "--dataset-name", "random",
+            "--random-input-len", str(int(spec["prompt_len"])),
+            "--random-output-len", str(int(spec["output_len"])),
+            "--random-range-ratio", "0.0",
+            "--num-prompts", str(share),
+            "--seed", str(int(spec.get("seed", 0)) + 7919 * i),
+            "--ignore-eos",
+            "--ready-check-timeout-sec", "0",  # the deployment answered /health already
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,90,99",
+            "--save-result", "--save-detailed",
+            "--result-dir", str(result_dir),
+            "--result-filename", f"bench-{step}-w{i}.json",
+            "--disable-tqdm",
+            "--temperature", "0",  # greedy, as tunebook's points (bench serve leaves it to the server)
+        ]  # fmt: skip
+        if rate:
+            args += ["--request-rate", repr(float(rate) / workers)]
+        goodput = [
+            f"{k}:{slo[k + '_ms']:g}" for k in ("ttft", "tpot") if slo and slo.get(k + "_ms")
+        ]
+        if goodput:
+            args += ["--goodput", *goodput]
+        out.append(args)
+    return out
+
+
+def records(result: dict, perf0: float) -> list[dict]:
+    """tunebook's request records from one worker's detailed result (times in seconds there)."""
+    out = []
+    lat = result.get("latencies")  # vLLM 0.32; 0.26 leaves them out: ttft + the gaps
+    for i, ttft in enumerate(result.get("ttfts") or []):
+        err = (result.get("errors") or [""] * (i + 1))[i]
+        n_out = (result.get("output_lens") or [0] * (i + 1))[i]
+        rec = {
+            "request_id": str(i),
+            "prompt_tokens": (result.get("input_lens") or [0] * (i + 1))[i],
+            "output_tokens": n_out,
+            "sent_s": result["start_times"][i] - perf0,
+        }
+        if err or not n_out:
+            rec["error"] = err or "no output"
+            out.append(rec)
+            continue
+        gaps = [1e3 * g for g in (result["itls"][i] or [])]
+        e2e = 1e3 * lat[i] if lat else 1e3 * ttft + sum(gaps)
+        rec.update(
+            ttft_ms=1e3 * ttft,
+            itl_ms=gaps,
+            e2e_ms=e2e,
+            tpot_ms=(e2e - 1e3 * ttft) / (n_out - 1) if n_out > 1 else None,
+            chunks=len(gaps) + 1,
+        )
+        out.append(rec)
+    return out
+
+
+def run(
+    base_url: str,
+    model_name: str,
+    tokenizer: str,
+    wl: Workload,
+    slo: dict | None,
+    workers: int,
+    result_dir: str | Path,
+    step: str,
+    timeout_s: float,
+) -> tuple[list[dict], dict]:
+    """Send ``wl`` with ``vllm bench serve``: (records on the schedule's clock, the client check)."""
+    result_dir = Path(result_dir)
+    result_dir.mkdir(parents=True, exist_ok=True)
+    job = {
+        "argv": worker_args(base_url, model_name, tokenizer, wl, slo, workers, result_dir, step),
+        "timing": str(result_dir / f"bench-{step}-timing.json"),
+    }
+    job_file = result_dir / f"bench-{step}-job.json"
+    job_file.write_text(json.dumps(job))
+    log = result_dir / f"bench-{step}.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tunebook.measure.benchserve", str(job_file)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
+        raise RuntimeError(f"vllm bench serve exited with code {proc.returncode}: {tail}")
+    timing = json.loads(Path(job["timing"]).read_text())
+    recs: list[dict] = []
+    summary = {"completed": 0, "failed": 0, "request_goodput": 0.0, "files": []}
+    for i in range(len(job["argv"])):
+        path = result_dir / f"bench-{step}-w{i}.json"
+        res = json.loads(path.read_text())
+        recs += records(res, timing["perf0"])
+        summary["completed"] += int(res.get("completed") or 0)
+        summary["failed"] += int(res.get("failed") or 0)
+        summary["request_goodput"] += float(res.get("request_goodput") or 0.0)
+        res.pop(
+            "generated_texts", None
+        )  # random text from dummy weights: noise, and most of the file
+        kept = path.with_suffix(".json.gz")
+        with gzip.open(kept, "wt") as f:
+            json.dump(res, f)
+        path.unlink()
+        summary["files"].append(kept.name)
+    # The schedule's 0: the first request any worker sent (each samples its prompts first).
+    first = min((r["sent_s"] for r in recs), default=0.0)
+    for i, r in enumerate(sorted(recs, key=lambda r: r["sent_s"])):
+        r["request_id"], r["sent_s"] = str(i), r["sent_s"] - first
+    check = {
+        "client": f"vllm bench serve ({workers} process(es), vLLM {timing.get('vllm')})",
+        "start_wall": timing["wall0"] + first,
+        "bench": summary,
+        "errors": sum(1 for r in recs if r.get("error")),
+        # bench serve draws its own Poisson schedule: no send lag is measured against one
+        "kept_schedule": None,
+    }
+    return recs, check
+
+
+def _main(job_file: str) -> int:
+    """Import vLLM's bench client once, fork one worker per argument list, release them together."""
+    import multiprocessing as mp
+
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    job = json.loads(Path(job_file).read_text())
+    parsed = []
+    for argv in job["argv"]:
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        parsed.append(parser.parse_args(argv))
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(len(parsed) + 1)
+
+    def work(args) -> None:
+        barrier.wait()
+        main(args)
+
+    procs = [ctx.Process(target=work, args=(a,)) for a in parsed]
+    for p in procs:
+        p.start()
+    barrier.wait()  # every worker is ready: the schedule starts now, on every worker's clock
+    perf0, wall0 = time.perf_counter(), time.time()
+    import vllm
+
+    Path(job["timing"]).write_text(
+        json.dumps({"perf0": perf0, "wall0": wall0, "vllm": vllm.__version__})
+    )
+    codes = []
+    for p in procs:
+        p.join()
+        codes.append(p.exitcode)
+    bad = [c for c in codes if c]
+    return bad[0] if bad else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tunebook.measure.benchserve JOB.json")
+    sys.exit(_main(sys.argv[1]))
