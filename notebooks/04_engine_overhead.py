@@ -40,13 +40,14 @@
 
 # %%
 import os
+from typing import Optional  # papermill reads Optional[float] in the parameters, not float | None
 
 import pandas as pd
 from IPython.display import display
 
 from tunebook.core import claims
 from tunebook.core.metrics import slo_text
-from tunebook.topics import headroom
+from tunebook.topics import headroom, roofline
 from tunebook.workbench.workbook import Workbook, platform_name, vllm_version
 
 pd.set_option("display.max_colwidth", 160)
@@ -63,8 +64,8 @@ repeats: int = 1  # engine starts per configuration, interleaved A B C A B C
 isolate: bool = False  # the diagnosis engine in a child process
 diagnose: bool = True  # run the decode-step diagnosis (one in-process engine start)
 diagnosis_workload: dict = {"kind": "fixed", "num_requests": 32, "prompt_len": 64, "output_len": 64, "seed": 21}  # decode-heavy batch, all at once
-peak_tflops: float = 989.0  # device peak (dense bf16) for the floor; H200: 989
-hbm_tb_s: float = 4.8  # device memory bandwidth (TB/s) for the floor; H200: 4.8
+peak_tflops: Optional[float] = None  # device peak (dense bf16, TFLOP/s) for the floor; None: the detected card's datasheet
+hbm_tb_s: Optional[float] = None  # device memory bandwidth (TB/s) for the floor; None: the detected card's datasheet
 levers: dict = {}  # name -> {"settings": {EngineArgs}, "serve": {api_server_count, ...}}: configurations beside the default
 replica_counts: list[int] = [2]  # engine replicas behind vllm-router (1 is the default itself)
 kv_cache_bytes_total: int = 67108864  # KV bytes the replicas of one configuration share (0: split gpu_memory_utilization)
@@ -99,6 +100,8 @@ configs = {"default": {}, **levers}
 for name, cfg in headroom.replica_configs(replica_counts, kv_total).items():
     configs[name] = headroom.merge_config(cfg, {"serve": {"router_policy": router_policy}})
 print(f"platform {platform}, vLLM {vllm_version()}, model {model}")
+peak_tflops, hbm_tb_s, card_source = roofline.card_figures(peak_tflops, hbm_tb_s)
+print(f"roofline: {peak_tflops} TFLOP/s, {hbm_tb_s} TB/s ({card_source})")
 print(f"SLO: {slo_text(slo)}")
 print("configurations:", ", ".join(configs))
 
@@ -121,7 +124,9 @@ if diagnose:
         display(diag[["point_id", "error"]])
 else:
     print("diagnosis skipped (diagnose: false)")
-if len(diag_ok):
+if len(diag_ok) and not (peak_tflops and hbm_tb_s):
+    print("no roofline floor: no card figures (give peak_tflops and hbm_tb_s)")
+elif len(diag_ok):
     row = diag_ok.iloc[0]
     batch = diagnosis_workload["num_requests"]
     context = diagnosis_workload["prompt_len"] + diagnosis_workload["output_len"] / 2

@@ -296,3 +296,13 @@ def test_gauge_sampler_keeps_its_closing_sample_and_the_peaks():
     failing.start()
     failing.stop()
     assert failing.final is None  # a failed closing sample: the caller takes its own snapshot
+
+
+def test_a_clean_gap_under_three_percent_is_no_practical_difference():
+    from tunebook.core.metrics import MIN_GAP, compare
+
+    c = compare([100.0, 100.1, 100.2], [100.4, 100.5, 100.6])  # apart, p = 0.1, +0.4%
+    assert c["ranges_apart"] and c["p_chance"] <= 0.1 and not c["matters"]
+    assert c["within_noise"] and c["noise"].startswith("no practical difference")
+    c = compare([100.0, 100.1, 100.2], [103.5, 103.6, 103.7])  # apart and 3.5%
+    assert not c["within_noise"] and c["noise"].startswith("beyond noise") and MIN_GAP == 0.03

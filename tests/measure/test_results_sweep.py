@@ -300,3 +300,32 @@ def test_compacted_points_read_back_whole(tmp_path):
     assert (f.parent / f"a-r0{SIDECAR}").is_file()
     assert load_point(f) == whole == sd.read("a-r0") == sd.points()[0]
     assert load_sweep_dir(sd.root).points[0]["requests"] == reqs
+
+
+def test_a_configuration_sets_its_own_rate_and_search_start_for_one_workload():
+    base = {"model": "tiny-ernie", "mode": "served", "slo": {"ttft_ms": 1}, "workload": {}}
+    wls = {
+        "at_cap": {"kind": "fixed", "prompt_len": 8, "output_len": 4},
+        "held": {"kind": "fixed", "prompt_len": 64, "output_len": 4},
+    }
+    configs = {
+        "a": {
+            "per_workload": {"at_cap": {"workload": {"request_rate": 90.0}, "client": "vllm-bench"}}
+        },
+        "b": {"per_workload": {"held": {"search": {"start_rps": 512.0}}}},
+    }
+    pts = make_points(
+        base, configs, 1, wls, point_overrides={"held": {"search": {"duration_s": 20.0}}}
+    )
+    by = {p["point_id"]: p for p in pts}
+    assert (
+        by["a--at_cap-r0"]["workload"]["request_rate"] == 90.0
+        and by["a--at_cap-r0"]["client"] == "vllm-bench"
+    )
+    assert (
+        "request_rate" not in by["b--at_cap-r0"]["workload"] and "client" not in by["b--at_cap-r0"]
+    )
+    assert by["b--held-r0"]["search"] == {"duration_s": 20.0, "start_rps": 512.0}
+    assert by["a--held-r0"]["search"] == {"duration_s": 20.0}
+    with pytest.raises(ConfigError, match="per_workload"):
+        make_points(base, {"a": {"per_workload": {"nope": {}}}}, 1, wls)

@@ -700,7 +700,8 @@ def test_versus_default_adds_the_latency_tail_when_both_serve_the_load():
         return assemble.validation_table(pd.DataFrame(rows))
 
     same = assemble.versus_default(table(10.49), "article", "goodput_rps")
-    assert same.startswith("article at 0.998x the default's goodput_rps (beyond noise, n=3)")
+    # Ranges cleanly apart, but a 0.2% gap is under the 3% that matters (metrics.MIN_GAP).
+    assert same.startswith("article at 0.998x the default's goodput_rps (within noise, n=3)")
     assert "ttft_p99_ms is 2.78x the default's (beyond noise)" in same
     apart = assemble.versus_default(table(5.0), "article", "goodput_rps", label="the article's")
     assert apart == "the article's at 0.475x the default's goodput_rps (beyond noise, n=3)"

@@ -128,3 +128,17 @@ def test_step_phases_take_the_gpu_side_span_of_a_lone_step():
     # without the GPU-side span, the host window [0, 100) sees only 60 us of it
     plain = [e for e in events if e["cat"] != "gpu_user_annotation"]
     assert prefill_runs(step_phases(plain), 8000)[0]["gpu_busy_ms"] == pytest.approx(0.06)
+
+
+def test_the_floor_takes_the_detected_cards_datasheet_not_another_cards():
+    from tunebook.engine import host
+    from tunebook.topics.roofline import card_figures
+
+    h100 = card_figures(device="NVIDIA H100 80GB HBM3")
+    assert h100[:2] == (989.0, 3.35) and "H100" in h100[2]  # not the H200's 4.8 TB/s
+    assert card_figures(device="NVIDIA H200")[:2] == (989.0, 4.8)
+    assert card_figures(device="NVIDIA H100 PCIe")[:2] == (756.0, 2.0)
+    assert card_figures(500.0, 1.0, device="NVIDIA H200")[:2] == (500.0, 1.0)  # given wins
+    none = card_figures(device="")
+    assert none[:2] == (None, None) and "no GPU" in none[2]
+    assert host.card_specs("Some Future GPU") is None

@@ -127,6 +127,10 @@ def slo_text(slo: dict | None) -> str:
 
 # --------------------------------------------------------------------------- the noise rule
 ALPHA = 0.1  # a gap counts only if ranges this cleanly apart would arise by chance at most 10%
+# The smallest gap that matters: a configuration 0.3% faster over cleanly separated ranges
+# (C8 on an H100, runs/h100-20261206e) is real and useless. A gap under 3% is "no practical
+# difference", however clean the ranges: no setting is changed, no claim refuted, on it.
+MIN_GAP = 0.03
 
 
 def chance_apart(n_a: int, n_b: int) -> float:
@@ -159,7 +163,9 @@ def compare(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> dic
     Each side is a figure measured over several engine starts. The gap is *beyond the noise* when
     the two min-max ranges are disjoint **and** ranges that clean would come apart by chance at
     most ``alpha`` of the time if both were one configuration (``chance_apart``: 1/3 with two
-    starts a side, so never enough; 1/10 with three). Otherwise it is within the noise.
+    starts a side, so never enough; 1/10 with three) **and** the medians differ by at least
+    ``MIN_GAP`` (3%). Otherwise it is within the noise (or, for a clean gap under 3%, "no
+    practical difference"): ``within_noise`` is True either way, so nothing acts on it.
 
     Returns ``ratio`` (median b / median a), the ``a`` and ``b`` spreads, ``ranges_apart``,
     ``p_chance``, ``within_noise`` and ``noise`` (the wording every notebook prints).
@@ -169,13 +175,15 @@ def compare(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> dic
     measured = sa["n"] > 0 and sb["n"] > 0
     apart = measured and (sb["min"] > sa["max"] or sa["min"] > sb["max"])
     p = chance_apart(sa["n"], sb["n"])
+    matters = not math.isnan(ratio) and abs(ratio - 1.0) >= MIN_GAP
     c = {
         "ratio": ratio,
         "a": sa,
         "b": sb,
         "ranges_apart": apart,
         "p_chance": p,
-        "within_noise": not (apart and p <= alpha),
+        "matters": matters,
+        "within_noise": not (apart and p <= alpha and matters),
     }
     c["noise"] = noise_words(c)
     return c
@@ -189,6 +197,12 @@ def noise_words(c: dict) -> str:
     starts = f"{na} and {nb} engine starts"
     if not c["within_noise"]:
         return f"beyond noise: ranges apart over {starts}, p={c['p_chance']:.2f} by chance"
+    if c["ranges_apart"] and c["p_chance"] <= ALPHA and not c.get("matters", True):
+        gap = 100 * abs(c["ratio"] - 1)
+        return (
+            f"no practical difference: ranges apart over {starts}, but the gap ({gap:.2g}%) is"
+            f" under the {100 * MIN_GAP:g}% that matters"
+        )
     if c["ranges_apart"]:
         return (
             f"within noise: ranges apart, but {starts} come apart by chance p={c['p_chance']:.2f}"

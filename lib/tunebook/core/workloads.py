@@ -60,12 +60,22 @@ class Workload:
         }
 
 
-KINDS = ("fixed", "uniform", "normal", "shared_prefix", "mixed", "text")
+KINDS = ("fixed", "uniform", "normal", "lognormal", "shared_prefix", "mixed", "text")
 _COMMON = {"kind", "name", "num_requests", "output_len", "seed", "vocab_size", "request_rate"}
 _KIND_KEYS = {
     "fixed": {"prompt_len"},
     "uniform": {"min_prompt_len", "max_prompt_len"},
     "normal": {"mean_prompt_len", "std_prompt_len", "min_prompt_len", "max_prompt_len"},
+    # prompt and output lengths each drawn from a log-normal (median, sigma of its log), clipped
+    "lognormal": {
+        "median_prompt_len",
+        "sigma_prompt",
+        "median_output_len",
+        "sigma_output",
+        "min_prompt_len",
+        "max_prompt_len",
+        "max_output_len",
+    },
     "shared_prefix": {"prompt_len", "prefix_share", "num_prefixes"},
     "mixed": {"short_len", "long_len", "long_fraction", "long_output_len"},
     "text": {"prompts"},
@@ -147,6 +157,22 @@ def make_workload(spec: dict, vocab_size: int | None = None) -> Workload:
             std = float(spec.get("std_prompt_len", mean / 4))
             lens = np.clip(np.rint(rng.normal(mean, std, size=n)), lo, hi).astype(int)
         reqs = [Request(_ids(rng, int(k), vocab), out) for k in lens]
+    elif kind == "lognormal":
+        # Real traffic is not one length: chat logs' prompt and reply lengths are long-tailed,
+        # roughly log-normal. Seeded, clipped, drawn per request (prompt and output apart).
+        med_p = _positive(spec, "median_prompt_len", 512)
+        med_o = _positive(spec, "median_output_len", out)
+        lo = _positive(spec, "min_prompt_len", 1)
+        hi_p = _positive(spec, "max_prompt_len", 8 * med_p)
+        hi_o = _positive(spec, "max_output_len", 8 * med_o)
+        sp, so = float(spec.get("sigma_prompt", 0.8)), float(spec.get("sigma_output", 0.6))
+        if sp < 0 or so < 0:
+            raise ConfigError("sigma_prompt and sigma_output must be >= 0", key="sigma_prompt")
+        plens = np.clip(np.rint(rng.lognormal(np.log(med_p), sp, size=n)), lo, hi_p).astype(int)
+        olens = np.clip(np.rint(rng.lognormal(np.log(med_o), so, size=n)), 1, hi_o).astype(int)
+        reqs = [
+            Request(_ids(rng, int(a), vocab), int(b)) for a, b in zip(plens, olens, strict=True)
+        ]
     elif kind == "shared_prefix":
         plen = _positive(spec, "prompt_len")
         share = float(spec.get("prefix_share", 0.5))

@@ -50,7 +50,7 @@ from tunebook.engine.flags import (
     server_env,
     vllm_cli,
 )
-from tunebook.engine.host import device_memory_bytes
+from tunebook.engine.host import device_memory_bytes, gpu_name
 from tunebook.engine.interrupt import phase
 from tunebook.engine.isolation import (
     base_env,
@@ -570,7 +570,7 @@ class Deployment:
             "vllm_env": {k: v for k, v in self.point.env.items() if k.startswith("VLLM_")},
         }
         if kind == "cuda":
-            fp["device"] = _gpu_name()
+            fp["device"] = gpu_name()
             fp["device_memory_total_gib"] = (total or 0) / GIB
         else:
             fp["device"] = pyplatform.processor() or pyplatform.machine()
@@ -1171,25 +1171,6 @@ def _dist_version(name: str) -> str | None:
     try:
         return md.version(name)
     except md.PackageNotFoundError:
-        return None
-
-
-def _gpu_name() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        return (
-            subprocess.run(
-                [smi, "--query-gpu=name", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-            )
-            .stdout.strip()
-            .splitlines()[0]
-        )
-    except (OSError, IndexError, subprocess.TimeoutExpired):
         return None
 
 

@@ -45,7 +45,8 @@ def make_points(
     then share one engine start (``run_sweep``); point ids read ``<config>--<name>-r<i>``.
     ``workload_repeats`` (name -> n) runs a workload on the first n repeats only.
     ``point_overrides`` (name -> point keys) sets client-side keys per workload, such as
-    ``max_concurrency``. Workloads that would draw their prompts from one seed get distinct
+    ``max_concurrency``; a configuration's ``per_workload`` (name -> point keys) sets its own for
+    one workload (the rate at its own capacity, say). Workloads that would draw their prompts from one seed get distinct
     seeds (+1000 per position): on a shared start, a prompt seen by an earlier workload would
     hit the prefix cache.
     """
@@ -60,6 +61,12 @@ def make_points(
         unknown = sorted(set(given or {}) - set(workloads or {}))
         if unknown:
             raise ConfigError(f"{key}: {unknown} are not workloads", key=key)
+    for name, cfg in configs.items():
+        unknown = sorted(set(cfg.get("per_workload") or {}) - set(workloads or {}))
+        if unknown:
+            raise ConfigError(
+                f"{name}: per_workload {unknown} are not workloads", key="per_workload"
+            )
     named = list(_distinct_seeds(workloads).items()) if workloads else [(None, None)]
     points = []
     for r, (name, cfg), (wl_name, wl) in itertools.product(range(repeats), configs.items(), named):
@@ -67,6 +74,7 @@ def make_points(
             continue
         p = copy.deepcopy(base)
         cfg = copy.deepcopy(cfg)
+        per_workload = cfg.pop("per_workload", {})
         p["settings"] = {**(p.get("settings") or {}), **cfg.pop("settings", {})}
         p.update(cfg)
         p["config"] = name
@@ -75,6 +83,10 @@ def make_points(
         if wl_name is not None:
             p["workload"] = {**copy.deepcopy(wl), "name": wl_name}
             p.update(copy.deepcopy((point_overrides or {}).get(wl_name, {})))
+            # This configuration's own keys for this workload (its rate, its search's start):
+            # ``workload`` and ``search`` merge key by key, anything else replaces.
+            for k, v in copy.deepcopy(per_workload.get(wl_name, {})).items():
+                p[k] = {**(p.get(k) or {}), **v} if k in ("workload", "search") else v
         points.append(p)
     return points
 

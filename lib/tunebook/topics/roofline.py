@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from tunebook.core.model import ModelShape
+from tunebook.engine import host
 from tunebook.topics.prefill import prefill_coefficients
 
 STEP_RE = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
@@ -197,3 +198,23 @@ def prefill_runs(runs: list[dict], prompt_len: int) -> list[dict]:
         and r["context_tokens"] == prompt_len
         and r["generation_requests"] == 0
     ]
+
+
+def card_figures(
+    peak_tflops: float | None = None, hbm_tb_s: float | None = None, device: str | None = None
+) -> tuple[float | None, float | None, str]:
+    """The figures a roofline floor is drawn with: those given, else the detected card's
+    datasheet figures (``engine.host.CARD_SPECS``); None on a CPU or an unknown card. With where
+    they came from, in words. An H100 run drew the H200's 4.8 TB/s floor before: never again."""
+    if peak_tflops is not None and hbm_tb_s is not None:
+        return peak_tflops, hbm_tb_s, "given as parameters"
+    name = device if device is not None else host.gpu_name()
+    spec = host.card_specs(name)
+    if spec is None:
+        why = f"{name}: no datasheet figures known" if name else "no GPU"
+        return peak_tflops, hbm_tb_s, f"{why}; no floor unless peak_tflops and hbm_tb_s are given"
+    return (
+        peak_tflops if peak_tflops is not None else spec["peak_tflops"],
+        hbm_tb_s if hbm_tb_s is not None else spec["hbm_tb_s"],
+        f"the datasheet of the detected {name}",
+    )
