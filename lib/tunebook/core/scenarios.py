@@ -16,6 +16,8 @@ class Scenario:
     use_slo: bool  # configurations whose medians miss the SLO are not eligible
     workload_hints: tuple[str, ...]  # words in a sweep's workload (name, kind) that suit it
     workload: dict  # the validation workload (scaled by the notebook's parameters)
+    # a reader watches the reply stream in: the SLO bounds the gap between streamed chunks too
+    chat: bool = False
 
     def describe(self) -> str:
         obj = ", then ".join(f"{'max' if d == 'max' else 'min'} {m}" for m, d in self.objectives)
@@ -44,6 +46,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "output_len": 32,
                 "seed": 0,
             },
+            chat=True,
         ),
         Scenario(
             "long_documents",
@@ -64,6 +67,7 @@ SCENARIOS: dict[str, Scenario] = {
             True,
             ("short", "latency", "single", "fixed"),
             {"kind": "fixed", "num_requests": 8, "prompt_len": 128, "output_len": 32, "seed": 0},
+            chat=True,
         ),
         Scenario(
             "high_throughput",

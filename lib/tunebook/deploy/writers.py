@@ -220,17 +220,19 @@ def deployment_files(
         )
         files[f"replica{i}.yaml"] = y
     files["start.sh"] = start_script(choice, replicas, router_policy, env)
-    why = (choice.get("served_choice") or {}).get("reason")
-    if (
-        why
-    ):  # the header speaks of the setting-by-setting choice; this deployment has its own reason
+    served = choice.get("served_choice") or {}
+    # The header speaks of the setting-by-setting choice; this deployment has its own reason,
+    # what checked it (05: vllm bench serve, held-out workloads) and the traffic it loses on.
+    lines = [f"# chosen: {served['reason']}"] if served.get("reason") else []
+    lines += [f"# checked: {c}" for c in served.get("checked") or []]
+    lines += [f"# not for: {x}" for x in served.get("not_for") or []]
+    if lines:
+        block = "\n".join(lines) + "\n"
         for name in files:
             files[name] = (
-                files[name].replace(
-                    "set -euo pipefail\n", f"# chosen: {why}\nset -euo pipefail\n", 1
-                )
+                files[name].replace("set -euo pipefail\n", block + "set -euo pipefail\n", 1)
                 if name.endswith(".sh")
-                else f"# chosen: {why}\n" + files[name]
+                else block + files[name]
             )
     files["deployment.json"] = (
         json.dumps(

@@ -1052,6 +1052,7 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
             min_window_s=min_window if rule else None,
         )
         per_rate.append({k: out["metrics"].get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
+        result.client = out["client"]  # the last rate's: who sent, and what it kept
         return out
 
     def measure(rate: float) -> bool:

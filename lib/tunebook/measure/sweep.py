@@ -76,6 +76,8 @@ def make_points(
         cfg = copy.deepcopy(cfg)
         per_workload = cfg.pop("per_workload", {})
         p["settings"] = {**(p.get("settings") or {}), **cfg.pop("settings", {})}
+        if "search" in cfg:  # a configuration's own search keys (its start) over the sweep's
+            p["search"] = {**(p.get("search") or {}), **(cfg.pop("search") or {})}
         p.update(cfg)
         p["config"] = name
         p["repeat"] = r

@@ -1,14 +1,16 @@
-"""Assembly's deployment choice from served capacity, and the files of an N-replica deployment.
+"""Capacity evidence: 04's served capacity sweeps read back, the deployment chosen from them, and
+05's check that it holds what 04 found.
 
 Notebook 04 measures configurations served as users are served (``vllm serve``, replicas behind
-vllm-router) by their capacity under the SLO. ``choose_deployment`` takes the best of those that
-beat vLLM's default beyond the noise (``metrics.compare``); where none does, the default stays.
+vllm-router) by their sustained capacity under the SLO (``tunebook.core.sustained``).
+``choose_deployment`` takes the best of those that beat vLLM's default beyond the noise
+(``metrics.compare``); where none does, the default stays.
 
-``deployment_files`` writes what a user runs: one ``vllm serve --config`` file per replica (its
-KV share and its share of ``gpu_memory_utilization``), and ``start.sh``, which starts every
-replica and vllm-router in front of them and stops them all when it ends.
-``python -m tunebook.serve <folder> --check`` runs that script as written and checks OpenAI
-completions and chat through the router.
+``check_plan`` is 05's check of that choice: the chosen deployment and vLLM's default, each
+driven by vLLM's own ``vllm bench serve`` at the capacity 04 found and at 1.25x it (the SLO
+should hold at the first and break at the second), and each searched for its sustained capacity
+on held-out workloads the choice was not made on. ``check_table``, ``bench_table`` and
+``not_for`` read the results.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from tunebook.measure.loadgen import LAG_OK_MS
 
 
 # --------------------------------------------------------------------------- the choice
-def capacity_sweeps(run_dir: str | Path) -> list[Path]:
-    """Sweep folders of a run whose points carry a capacity under the SLO (notebook 04's)."""
+def capacity_sweeps(run_dir: str | Path, notebook: str = "04_engine_overhead") -> list[Path]:
+    """Sweep folders of a notebook whose points carry a capacity under the SLO (04's)."""
     out = []
-    for summary in sorted(Path(run_dir).glob("*/*/summary.csv")):
+    for summary in sorted(Path(run_dir).glob(f"{notebook}/*/summary.csv")):
         head = summary.read_text().split("\n", 1)[0]
         if "capacity_rps" in head.split(","):
             out.append(summary.parent)
@@ -205,3 +207,230 @@ def validation_configs(
         "article": {"settings": dict(article), "serve": dict(common)},
     }
     return {k: v for k, v in configs.items() if k in names or k == "default"}
+
+
+def capacity_points(run_dir: str | Path) -> list[dict]:
+    """The points of 04's capacity sweep (the first capacity sweep of 04 in the run)."""
+    folders = capacity_sweeps(run_dir)
+    return SweepDir(folders[0]).points() if folders else []
+
+
+def workload_of(points: list[dict]) -> dict:
+    """The request shape 04's capacity was found on (its rate and count set by each search)."""
+    for p in points:
+        wl = dict(p.get("workload") or {})
+        if wl:
+            for k in (
+                "name",
+                "num_requests",
+                "request_rate",
+                "prompt_tokens",
+                "output_tokens",
+                "max_prompt_len",
+            ):
+                wl.pop(k, None)
+            return wl
+    raise ConfigError("no capacity points from 04 in this run: nothing to check", key="check")
+
+
+# --------------------------------------------------------------------------- 05's check
+CHECK_FACTOR = 1.25  # the rate above the capacity at which the SLO should break
+BENCH = "bench"  # the check's workload measured by vllm bench serve
+# Workloads the choice was not made on (the choice is made on 04's chat workload).
+HELD_OUT = {
+    "decode_heavy": {"kind": "fixed", "prompt_len": 128, "output_len": 512, "seed": 41},
+    "prefill_heavy": {"kind": "fixed", "prompt_len": 2048, "output_len": 128, "seed": 42},
+    # a seeded log-normal of prompt and reply lengths (medians 512 and 128): traffic is not one length
+    "lognormal": {
+        "kind": "lognormal",
+        "median_prompt_len": 512,
+        "median_output_len": 128,
+        "max_prompt_len": 4096,
+        "max_output_len": 1024,
+        "seed": 43,
+    },
+}
+
+
+def _cost(wl: dict) -> float:
+    """A request's work, roughly: decode steps dominate a small model; a prefill token costs
+    about a sixteenth of a decode step's host time. Only to start a search near its answer."""
+    out = wl.get("output_len") or wl.get("median_output_len") or 128
+    prompt = wl.get("prompt_len") or wl.get("median_prompt_len") or 512
+    return float(out) + float(prompt) / 16.0
+
+
+def check_plan(
+    served_choice: dict,
+    configs: dict[str, dict],
+    workload: dict,
+    held_out: dict[str, dict],
+    search: dict,
+) -> tuple[dict, dict, dict]:
+    """(configs, workloads, point_overrides) of 05's check sweep.
+
+    ``configs``: the chosen deployment and the default as sweep configs
+    (``validation_configs``); ``workload``: 04's (the capacity was found on it); ``served_choice``
+    carries both capacities. Each configuration gets its own rates for the bench workload and its
+    own search start on each held-out workload (its chat capacity scaled by the work a request
+    asks for); the searches share ``search``.
+    """
+    caps = {
+        "chosen": served_choice["capacity_rps"],
+        "default": served_choice["default_capacity_rps"],
+    }
+    out = {}
+    for name, cfg in configs.items():
+        cap = caps.get(name) or caps["default"]
+        if not cap:
+            raise ConfigError(f"no capacity was found for {name} in 04: nothing to check", key=name)
+        per = {
+            BENCH: {"rates": [round(cap, 3), round(CHECK_FACTOR * cap, 3)], "client": "vllm-bench"}
+        }
+        for w, spec in held_out.items():
+            per[w] = {"search": {"start_rps": round(cap * _cost(workload) / _cost(spec), 3)}}
+        out[name] = {**cfg, "per_workload": per}
+    workloads = {BENCH: dict(workload), **held_out}
+    overrides = {w: {"search": dict(search)} for w in held_out}
+    return out, workloads, overrides
+
+
+def check_table(points: list[dict], reference: str = "default"):
+    """Sustained capacity per held-out workload and configuration (median, min-max over starts),
+    and the chosen one's ratio to the reference by the one noise rule."""
+    import pandas as pd
+
+    rows = []
+    by: dict[tuple, list[float]] = {}
+    for p in points:
+        wl = (p.get("workload") or {}).get("name")
+        if wl == BENCH or p.get("status") != "ok" or p.get("search") is None:
+            continue  # vLLM's client, or a validation workload sharing the starts
+        cap = (p.get("metrics") or {}).get("capacity_rps")
+        by.setdefault((wl, p.get("config")), []).append(float(cap) if cap else 0.0)
+    for (wl, cfg), vals in sorted(by.items()):
+        ref = by.get((wl, reference), [])
+        c = compare(ref, vals)
+        s = spread(vals)
+        rows.append(
+            {
+                "workload": wl,
+                "config": cfg,
+                "capacity_median": s["median"],
+                "capacity_min": s["min"],
+                "capacity_max": s["max"],
+                "n": s["n"],
+                f"vs_{reference}": c["ratio"] if cfg != reference else 1.0,
+                "noise": c["noise"] if cfg != reference else "(reference)",
+                "worse": cfg != reference and not c["within_noise"] and c["ratio"] < 1,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def bench_table(points: list[dict], run_04: list[dict]):
+    """``vllm bench serve`` at 04's capacity and at 1.25x it, beside what tunebook's own client
+    measured at that capacity in 04 (the start whose search found it)."""
+    import pandas as pd
+
+    rows = []
+    for p in points:
+        if (p.get("workload") or {}).get("name") != BENCH:
+            continue
+        for r in p.get("per_rate") or []:
+            if r.get("superseded"):
+                continue
+            ours = _ours_at(run_04, p.get("config"), r["offered_rps"])
+            rows.append(
+                {
+                    "config": p.get("config"),
+                    "repeat": p.get("repeat"),
+                    "offered_rps": r["offered_rps"],
+                    "client": "vllm bench serve",
+                    "slo_attainment_pct": r.get("slo_attainment_pct"),
+                    "sustained": r.get("sustained"),
+                    "why_not": r.get("why_not_sustained") or "",
+                    "ttft_p99_ms": r.get("ttft_p99_ms"),
+                    "tpot_p99_ms": r.get("tpot_p99_ms"),
+                    "chunk_gap_p99_ms": r.get("chunk_gap_p99_ms"),
+                    "goodput_rps": r.get("goodput_rps"),
+                    "tunebook_slo_attainment_pct": (ours or {}).get("slo_attainment_pct"),
+                    "tunebook_goodput_rps": (ours or {}).get("goodput_rps"),
+                    "window_s": r.get("window_s"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _ours_at(run_04: list[dict], config: str | None, rate: float) -> dict | None:
+    """tunebook's own figures at ``rate`` for ``config`` in 04's capacity search (any start)."""
+    for p in run_04:
+        if p.get("config") != config:
+            continue
+        for r in p.get("per_rate") or []:
+            if not r.get("superseded") and math.isclose(
+                r.get("offered_rps") or 0, rate, rel_tol=1e-3
+            ):
+                return r
+    return None
+
+
+def bench_verdict(bench: pd.DataFrame) -> str:  # noqa: F821
+    """Does vLLM's own client agree: the SLO held at the capacity and broke at 1.25x it?"""
+    if bench is None or not len(bench):
+        return "vllm bench serve did not run (no capacity from 04, or the check was skipped)"
+    lines = []
+    for cfg, g in bench.groupby("config", sort=False):
+        g = g.sort_values("offered_rps")
+        at, above = g.iloc[0], g.iloc[-1]
+        held = bool(at["sustained"])
+        broke = not bool(above["sustained"])
+        agree = ""
+        if at["tunebook_goodput_rps"] and at["goodput_rps"]:
+            gap = at["goodput_rps"] / at["tunebook_goodput_rps"] - 1
+            agree = (
+                f"; goodput {at['goodput_rps']:.3g} req/s against tunebook's"
+                f" {at['tunebook_goodput_rps']:.3g} ({100 * gap:+.0f}%,"
+                f" {'within' if abs(gap) <= 0.10 else 'NOT within'} 10%)"
+            )
+        word = (
+            "agrees"
+            if held and broke
+            else "does NOT agree: "
+            + ("the SLO did not hold at the capacity" if not held else "")
+            + (" and " if not held and not broke else "")
+            + ("it still held at 1.25x" if not broke else "")
+        )
+        lines.append(
+            f"{cfg}: at {at['offered_rps']:.4g} req/s {at['slo_attainment_pct']:.1f}% within the"
+            f" SLO ({'held' if held else 'failed: ' + at['why_not']}), at {above['offered_rps']:.4g}"
+            f" {above['slo_attainment_pct']:.1f}% ({'held' if not broke else 'failed: ' + above['why_not']})"
+            f" - vllm bench serve {word}{agree}"
+        )
+    return "\n".join(lines)
+
+
+def not_for(check: pd.DataFrame, validations: dict | None = None) -> list[str]:  # noqa: F821
+    """The traffic the chosen deployment should not be used for: where it sustained less than the
+    default beyond the noise (held-out workloads), or measured worse on another scenario's
+    objective (05's side-by-side validation, ``{scenario: (validation table, objective)}``)."""
+    out = []
+    if check is not None and len(check):
+        for _, r in check[check["worse"]].iterrows():
+            out.append(
+                f"{r['workload']} traffic: {r['vs_default']:.2f}x the default's sustained capacity"
+                f" ({r['noise']})"
+            )
+    for scenario, (table, metric) in (validations or {}).items():
+        if table is None or not len(table) or metric is None:
+            continue
+        row = table[(table["metric"] == metric) & (table["config"] == "chosen")]
+        if not len(row):
+            continue
+        r = row.iloc[0]
+        ratio = r[[c for c in table.columns if c.startswith("ratio vs")][0]]
+        worse = (ratio < 1) if r["better"] == "higher" else (ratio > 1)
+        beyond = r["within noise"] is not None and not bool(r["within noise"])
+        if worse and beyond:
+            out.append(f"{scenario}: {ratio:.2f}x the default's {metric} ({r['noise']})")
+    return out

@@ -55,7 +55,85 @@ def merge_config(a: dict, b: dict) -> dict:
     return out
 
 
+def served_slo(
+    ttft_ms: float, tpot_ms: float, attainment_pct: float = 99.0, chunk_gap_ms: float = 0.0
+) -> dict:
+    """The SLO of 04's chat workload: TTFT, TPOT and, when bounded, every gap between chunks."""
+    slo = {
+        "ttft_ms": float(ttft_ms),
+        "tpot_ms": float(tpot_ms),
+        "attainment_pct": float(attainment_pct),
+    }
+    if chunk_gap_ms:
+        slo["itl_ms"] = float(chunk_gap_ms)
+    return slo
+
+
+def lever_configs(
+    levers: dict,
+    replica_counts,
+    kv_bytes_total: int | None,
+    router_policy: str,
+    client_workers: int,
+    search_start: dict | None = None,
+) -> dict[str, dict]:
+    """vLLM's default, the levers given, and N replicas behind vllm-router: the configurations
+    04 serves, each with the load generator's processes and, where ``search_start`` names it,
+    the rate its first search starts at."""
+    configs = {"default": {}, **levers}
+    for name, cfg in replica_configs(replica_counts, kv_bytes_total or None).items():
+        configs[name] = merge_config(cfg, {"serve": {"router_policy": router_policy}})
+    unknown = sorted(set(search_start or {}) - set(configs))
+    if unknown:
+        raise ConfigError(
+            f"search_start: {unknown} are not configurations ({', '.join(configs)})",
+            key="search_start",
+        )
+    out = {}
+    for n, c in configs.items():
+        c = merge_config(c, {"serve": {"client_workers": client_workers}})
+        if n in (search_start or {}):
+            c["search"] = {"start_rps": float(search_start[n])}
+        out[n] = c
+    return out
+
+
+def setup_text(platform: str, vllm: str, model: str, slo: dict, configs: dict, card: tuple) -> str:
+    from tunebook.core.metrics import slo_text
+
+    peak, bw, source = card
+    return "\n".join(
+        [
+            f"platform {platform}, vLLM {vllm}, model {model}",
+            f"SLO: {slo_text(slo)}",
+            f"roofline: {peak} TFLOP/s, {bw} TB/s ({source})",
+            "configurations: " + ", ".join(configs),
+        ]
+    )
+
+
 # --------------------------------------------------------------------------- the diagnosis
+def diagnosis_view(diag, workload: dict, shape: ModelShape, peak_tflops, hbm_tb_s):
+    """(the floor, its one-row table, a line) from the diagnosis sweep's frame (None: not run)."""
+    import pandas as pd
+
+    if diag is None:
+        return None, None, "diagnosis skipped (diagnose: false)"
+    ok = diag[diag["status"] == "ok"]
+    if not len(ok):
+        return None, diag[["point_id", "error"]], "the diagnosis engine failed"
+    if not (peak_tflops and hbm_tb_s):
+        return None, None, "no roofline floor: no card figures (give peak_tflops and hbm_tb_s)"
+    batch = workload["num_requests"]
+    context = workload["prompt_len"] + workload["output_len"] / 2
+    floor = decode_vs_floor(ok.iloc[0]["tpot_p50_ms"], batch, context, shape, peak_tflops, hbm_tb_s)
+    text = (
+        f"decode step {floor['step_ms']:.3g} ms at batch {batch}: the floor ({floor['bound']}-bound)"
+        f" is {floor['floor_ms']:.3g} ms, {floor['of_floor_pct']:.1f}% of the step"
+    )
+    return floor, pd.DataFrame([floor]).round(4), text
+
+
 def decode_vs_floor(
     tpot_ms: float,
     batch: float,
@@ -93,6 +171,7 @@ def capacity_frame(results: list[dict]):
                 "first_failing_rps": row.get("first_failing_rps"),
                 "capped": row.get("capacity_capped"),
                 "max_goodput_rps": row.get("max_goodput_rps"),
+                "window_s_total": row.get("window_s_total"),
                 "client_kept_schedule": row.get("client_kept_schedule"),
                 "lag_p99_ms_max": row.get("lag_p99_ms_max"),
                 "replicas": (serve or {}).get("replicas", 1),
@@ -232,6 +311,67 @@ def c14_verdict(v: dict, rank: list[dict], evidence: str, speed_meaningful: bool
             note + " Fewer than three starts per configuration: no gap can be beyond the noise."
         ).strip()
     return claims.verdict("C14", word, fig, evidence, spread=spread_txt, note=note)
+
+
+RATE_COLUMNS = (
+    "config",
+    "repeat",
+    "offered_rps",
+    "window_s",
+    "slo_attainment_pct",
+    "keep_up_requests",
+    "in_system_middle",
+    "in_system_last",
+    "chunk_gap_p99_ms",
+    "slo_holds_first_4s",
+    "holds",
+    "why_not_sustained",
+)
+
+
+def rates_frame(results: list[dict]):
+    """Every rate every search judged, by the sustained rule (``tunebook.core.sustained``): its
+    window, the SLO share, how much of what arrived completed, whether the system was still
+    filling up, and what a 4-s window would have said (the SLO over its first 4 s)."""
+    import pandas as pd
+
+    rows = [
+        {"config": r.get("config"), "repeat": r.get("repeat"), **x}
+        for r in results
+        for x in r.get("per_rate") or []
+        if not x.get("superseded")
+    ]
+    df = pd.DataFrame(rows)
+    return df[[c for c in RATE_COLUMNS if c in df.columns]] if len(df) else df
+
+
+def short_window_text(rates) -> str:
+    """The rates a 4-s window would have passed that the sustained rule failed, in words."""
+    if not len(rates) or "slo_holds_first_4s" not in rates:
+        return "no rate was judged on a window longer than 4 s"
+    fooled = rates[(rates["slo_holds_first_4s"] == True) & (rates["holds"] == False)]  # noqa: E712
+    if not len(fooled):
+        return (
+            "no rate passed its first 4 s and then failed: the short windows would have agreed here"
+        )
+    parts = [
+        f"{r['config']} r{r['repeat']} at {r['offered_rps']:.4g} req/s ({r['why_not_sustained']})"
+        for _, r in fooled.iterrows()
+    ]
+    return f"{len(fooled)} rate(s) met the SLO over their first 4 s but did not hold: " + "; ".join(
+        parts
+    )
+
+
+def client_text(cap) -> str:
+    """Whether the client kept its schedule (p99 send lag within 20 ms) in every search."""
+    if not len(cap):
+        return "no searches ran"
+    kept = bool(cap["client_kept_schedule"].fillna(False).all())
+    return (
+        f"client kept its schedule in every search: {kept}"
+        f" (worst p99 send lag {cap['lag_p99_ms_max'].max():.3g} ms)"
+    )
 
 
 # --------------------------------------------------------------------------- plots

@@ -7,6 +7,7 @@ metric and configuration, ratios to vLLM's default); C13 on the model's arithmet
 from __future__ import annotations
 
 from tunebook.core.claims import verdict
+from tunebook.core.metrics import slo_text
 from tunebook.core.model import GIB, ModelShape
 from tunebook.topics.assemble import SCENARIOS, versus_default
 
@@ -173,3 +174,49 @@ def c13_verdict(
             f" {platform}."
         ),
     )
+
+
+def summary_markdown(
+    sc,
+    slo: dict,
+    choice: dict,
+    served_choice: dict | None,
+    validation,
+    files: dict,
+    served: bool,
+    not_for: list[str] = (),
+) -> str:
+    """05's summary in a few Markdown lines: what changed, why, what the validation showed, the
+    files, and the traffic the deployment should not be used for."""
+    lines = [f"**Scenario** {sc.name}: {sc.describe()}; SLO: {slo_text(slo)}."]
+    if choice["changed"]:
+        changed = ", ".join(f"`{k}={v}`" for k, v in choice["changed"].items())
+        lines.append(f"**Changed from vLLM's defaults:** {changed}.")
+    else:
+        lines.append(
+            "**Changed from vLLM's defaults:** nothing; no measured setting beat its default"
+            " beyond the noise."
+        )
+    for d in choice["decisions"]:
+        lines.append(
+            f"- `{d['setting']}`: {d['status']} ({d['notebook']}/{d['sweep']}). {d['reason']}"
+        )
+    lines += [f"- {m}." for m in choice["missing"]]
+    if served_choice is not None:
+        lines.append(
+            f"**Served deployment (04's capacity ranking):** {served_choice['status']}:"
+            f" {served_choice['reason']}."
+        )
+    objective = objective_metric(sc.name, validation)
+    deployed = served_choice if served else None
+    lines.append(
+        f"**Validation:** {chosen_text(choice, validation, objective, deployed)};"
+        f" {article_text(validation, objective)}."
+    )
+    if not_for:
+        lines.append("**Not for:** " + "; ".join(not_for) + ".")
+    lines.append(
+        f"**Files:** {', '.join(f'`{p}`' for p in files.values())}. Check it:"
+        f" `python -m tunebook.serve {files['serve.yaml']} --check`."
+    )
+    return "\n".join(lines)

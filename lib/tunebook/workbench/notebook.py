@@ -161,10 +161,11 @@ def end(run_dir: str | Path, notebook: str) -> None:
         print(text)
 
 
-def record_verdicts(run_dir: str | Path, notebook: str, verdicts: list[dict]):
-    """Write the notebook's verdicts into the run's claims ledger; return their table to display."""
+def record_verdicts(run_dir: str | Path, notebook: str, verdicts: list[dict], ledger: bool = False):
+    """Write the notebook's verdicts into the run's claims ledger; return their table to display
+    (``ledger``: the whole run's ledger, every notebook's verdicts)."""
     claims.write(run_dir, notebook, verdicts)
-    return claims.table(verdicts)
+    return claims.table(claims.read_all(run_dir) if ledger else verdicts)
 
 
 def verdicts_text(verdicts: list[dict]) -> str:
