@@ -12,8 +12,6 @@
 #     name: tunebook
 # ---
 
-# %%
-
 # %% [markdown]
 # # 04 · The engine's own overhead: is it host-bound, and what lifts it?
 #

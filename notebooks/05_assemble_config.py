@@ -12,8 +12,6 @@
 #     name: tunebook
 # ---
 
-# %%
-
 # %% [markdown]
 # # 05 · Assemble a configuration from the evidence
 #
@@ -312,7 +310,6 @@ others, figs, lines = validation.other_scenarios(
     wb.sweep,
     also_validate,
     sweeps,
-    slo,
     engine_settings,
     article,
     validation_configs,

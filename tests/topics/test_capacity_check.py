@@ -180,3 +180,29 @@ def test_a_validation_workload_sharing_the_starts_is_not_read_as_a_capacity():
         }
     )
     assert list(capacity.check_table(pts)["workload"]) == ["decode_heavy"]
+
+
+def test_the_check_shares_the_validations_starts_when_it_validates_the_same_configurations():
+    check = {
+        "configs": {
+            n: {**c, "per_workload": {capacity.BENCH: {"rates": [1.0]}}} for n, c in CONFIGS.items()
+        },
+        "workloads": {capacity.BENCH: CHAT, "decode_heavy": capacity.HELD_OUT["decode_heavy"]},
+        "point_overrides": {"decode_heavy": {"search": {}}},
+        "workload_repeats": {capacity.BENCH: 1, "decode_heavy": 2},
+    }
+    choice = {"changed": {}}
+    served = {"status": "changed", "settings": {}, "serve": {"replicas": 4}}
+    sc = SCENARIOS["high_concurrency_chat"]
+    plan = validation.served_plan(
+        choice, served, {}, ["chosen", "default"], 1, sc, {"kind": "fixed"}, {}, check
+    )
+    assert set(plan["workloads"]) == {sc.name, capacity.BENCH, "decode_heavy"}
+    assert plan["configs"]["chosen"]["per_workload"][capacity.BENCH] == {"rates": [1.0]}
+    assert plan["workload_repeats"] == {capacity.BENCH: 1, "decode_heavy": 2}
+    assert not validation.check_needs_its_own(plan, check)
+    # with the article validated too, the check cannot join (the article has no capacity from 04)
+    alone = validation.served_plan(
+        choice, served, {}, ["chosen", "default", "article"], 1, sc, {}, {}, check
+    )
+    assert capacity.BENCH not in alone["workloads"] and validation.check_needs_its_own(alone, check)

@@ -110,3 +110,18 @@ def test_every_params_key_is_a_parameter_of_its_notebook(profile):
     prof = load_profile(profile)
     for name in NAMES:
         notebook_params(prof, name)  # raises ConfigError naming the key and the notebook
+
+
+@pytest.mark.parametrize(
+    "source", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem
+)
+def test_notebooks_import_only_the_topics_and_the_workbench(source: Path):
+    """A notebook calls its topic and the workbench; the rooms below are theirs to use."""
+    import ast
+
+    tree = ast.parse(source.read_text())
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    ours = [m for m in names if m == "tunebook" or m.startswith("tunebook.")]
+    below = [m for m in ours if not m.startswith(("tunebook.topics", "tunebook.workbench"))]
+    assert ours and not below, f"{source.name} imports {below}"

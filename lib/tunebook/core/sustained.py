@@ -149,7 +149,9 @@ def judge(
         broke.append("keep_up")
     mid, last = out["in_system_middle"], out["in_system_last"]
     out["steady"] = (
-        None if mid is None or last is None else last <= mid * (1 + GROWTH) + GROWTH_SLACK
+        None
+        if mid is None or last is None
+        else last <= mid * (1 + GROWTH) + GROWTH_SLACK * math.sqrt(max(mid, 1.0))
     )
     if out["steady"] is False:
         broke.append("steady")

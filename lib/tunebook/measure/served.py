@@ -768,9 +768,12 @@ def judge_window(
 ) -> dict:
     """The sustained rule's figures for one rate's window (``tunebook.core.sustained.judge``),
     and what a 4-s window would have said: the SLO over the requests sent in its first 4 s."""
-    # How long arrivals lasted: the last request sent (the schedule's, or vllm bench serve's own)
-    sent = [r["sent_s"] for r in records if r.get("sent_s") is not None]
-    window = max(sent) if sent else max((r.arrival_s for r in wl.requests), default=0.0)
+    # How long arrivals last: the workload's requests over its rate (the last Poisson arrival
+    # falls short of it by an inter-arrival gap, by chance; vllm bench serve draws its own)
+    rate = wl.spec.get("request_rate")
+    window = (
+        len(wl.requests) / rate if rate else max((r.arrival_s for r in wl.requests), default=0.0)
+    )
     j = sustained.judge(records, timeline, window, slo_holds, offset_s, min_window_s)
     out = {k: j[k] for k in j if k != "broke"}
     out["why_not_sustained"] = sustained.why_not(j)

@@ -243,13 +243,13 @@ def other_scenarios(
     sweep: Callable | None,
     also_validate: dict,
     sweeps: list,
-    slo: dict,
     engine_settings: dict,
     article: dict,
     validation_configs: list,
     served_val,
     *,
     mode: str,
+    slo: dict,
     **run,
 ) -> tuple[list, list, list[str]]:
     """Each scenario of ``also_validate``: its own choice and side-by-side validation (on the
@@ -277,7 +277,7 @@ def other_scenarios(
         if served:  # measured above, on the same deployment starts
             pts = served_val[served_val["workload"] == name] if len(served_val) else served_val
         else:
-            pts, _ = run_validation(sweep, sweep_name, configs, wl, mode=mode, **run)
+            pts, _ = run_validation(sweep, sweep_name, configs, wl, mode=mode, slo=slo, **run)
         if not (len(pts) and (pts["status"] == "ok").any()):
             continue
         t = assemble.validation_table(pts, reference="default")
