@@ -21,6 +21,14 @@ from tunebook.core.workloads import FIRST_ORDINARY_ID, KINDS, check_fits, make_w
 
 SPECS = {
     "fixed": {"kind": "fixed", "num_requests": 8, "prompt_len": 32, "output_len": 4},
+    "lognormal": {
+        "kind": "lognormal",
+        "num_requests": 8,
+        "median_prompt_len": 32,
+        "median_output_len": 8,
+        "max_prompt_len": 128,
+        "max_output_len": 32,
+    },
     "uniform": {"kind": "uniform", "num_requests": 8, "min_prompt_len": 8, "max_prompt_len": 64},
     "normal": {
         "kind": "normal",
@@ -306,3 +314,23 @@ def test_a_clean_gap_under_three_percent_is_no_practical_difference():
     assert c["within_noise"] and c["noise"].startswith("no practical difference")
     c = compare([100.0, 100.1, 100.2], [103.5, 103.6, 103.7])  # apart and 3.5%
     assert not c["within_noise"] and c["noise"].startswith("beyond noise") and MIN_GAP == 0.03
+
+
+def test_lognormal_lengths_are_long_tailed_and_clipped():
+    wl = make_workload(
+        {
+            "kind": "lognormal",
+            "num_requests": 2000,
+            "median_prompt_len": 512,
+            "median_output_len": 128,
+            "max_prompt_len": 4096,
+            "max_output_len": 1024,
+            "seed": 3,
+        }
+    )
+    prompts = sorted(r.prompt_len for r in wl.requests)
+    outs = sorted(r.max_tokens for r in wl.requests)
+    assert 450 < prompts[1000] < 580 and 110 < outs[1000] < 145  # medians near the asked ones
+    assert prompts[-1] <= 4096 and outs[-1] <= 1024 and prompts[-1] > 3 * prompts[1000]  # a tail
+    with pytest.raises(ConfigError, match="sigma"):
+        make_workload({"kind": "lognormal", "num_requests": 2, "sigma_prompt": -1})

@@ -188,19 +188,39 @@ def run(
     return recs, check
 
 
+def _known(argv: list[str], options: dict) -> list[str]:
+    """``argv`` without the options this vLLM's bench client lacks (``--temperature`` is newer
+    than 0.26's, which sends greedy requests anyway), each with its value."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("--") and a not in options:
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            print(f"tunebook: this vllm bench serve has no {a}; left out", file=sys.stderr)
+            continue
+        out.append(a)
+    return out
+
+
 def _main(job_file: str) -> int:
     """Import vLLM's bench client once, fork one worker per argument list, release them together."""
     import multiprocessing as mp
 
     from vllm.benchmarks.serve import add_cli_args, main
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # vLLM 0.26 keeps it in vllm.utils
+        from vllm.utils import FlexibleArgumentParser
 
     job = json.loads(Path(job_file).read_text())
     parsed = []
     for argv in job["argv"]:
         parser = FlexibleArgumentParser()
         add_cli_args(parser)
-        parsed.append(parser.parse_args(argv))
+        parsed.append(parser.parse_args(_known(argv, parser._option_string_actions)))
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(len(parsed) + 1)
 

@@ -776,6 +776,7 @@ def judge_window(
     )
     j = sustained.judge(records, timeline, window, slo_holds, offset_s, min_window_s)
     out = {k: j[k] for k in j if k != "broke"}
+    out["sustained_broke"] = ",".join(j["broke"])  # the rules it broke: slo, keep_up, steady ...
     out["why_not_sustained"] = sustained.why_not(j)
     if slo and window > SHORT_WINDOW_S:
         first = [
@@ -905,6 +906,7 @@ PER_RATE_KEYS = (
     "window_s_needed",
     "sustained",
     "why_not_sustained",
+    "sustained_broke",
     "keep_up_requests",
     "keep_up_tokens",
     "in_system_middle",
@@ -1061,15 +1063,21 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
     def measure(rate: float) -> bool:
         out = run_rate(rate, window["next"])
         m = out["metrics"]
-        if rule and not m.get("decided_early"):
-            # Sized from what was measured: too short a window for the latency seen at this rate
-            # is run again with the window it needs (a rate already decided failed is not).
-            needed = min(float(m.get("window_s_needed") or 0.0), float(search["max_window_s"]))
+        if rule and m.get("sustained_broke") == "window":
+            # Held by every rule but the window's length: too short for the latency seen at this
+            # rate, so it runs again with the window it needs. A rate that broke another rule is
+            # failed as it is: a longer window only lets an overload build further.
+            needed = min(float(m["window_s_needed"]), float(search["max_window_s"]))
             if needed > 1.02 * float(m.get("window_s") or 0.0):
                 per_rate[-1]["superseded"] = True
                 out = run_rate(rate, needed)
                 m = out["metrics"]
-            window["next"] = max(min_window, min(needed, float(search["max_window_s"])))
+        if rule and m.get("sustained"):
+            # The next rate starts with the window this one needed (a rate that failed says
+            # nothing about the window of one that may hold).
+            window["next"] = max(
+                min_window, min(float(m["window_s_needed"]), float(search["max_window_s"]))
+            )
         if not point.slo:
             holds = True
         elif rule:
