@@ -1,4 +1,5 @@
-"""Execute every notebook on the cpu profile into tests/golden/ (the nbval reference outputs).
+"""Execute every notebook on the ci profile (params/ci.yaml: the cpu one, smaller) into
+tests/golden/, nbval's reference outputs.
 
 The run folder is relative (`_nbval_run`), so nbval, which executes each golden in its own
 folder, writes there and 04 finds the results of 00-03.
@@ -37,7 +38,7 @@ def neutral_paths(nb) -> None:
 def main() -> None:
     GOLDEN.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(GOLDEN / "_nbval_run", ignore_errors=True)
-    prof = load_profile("cpu")
+    prof = load_profile("ci")  # the cpu profile made smaller for CI (params/ci.yaml)
     for name in NOTEBOOKS:
         params = {**notebook_params(prof, name), "run_dir": "_nbval_run"}
         print(f"golden: {name}", flush=True)

@@ -34,7 +34,8 @@ NOTEBOOKS = (
     "04_engine_overhead",
     "05_assemble_config",
 )
-META_KEYS = {"description", "run_here"}  # profile-level documentation, not notebook parameters
+# profile-level keys, not notebook parameters: documentation, where it runs, the profile it builds on
+META_KEYS = {"description", "run_here", "extends"}
 
 
 def profile_path(name_or_path: str | Path) -> Path:
@@ -48,8 +49,9 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PARAMS_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str | Path) -> dict:
-    """Parse a profile as data (yaml.safe_load: no tags, no code) and check its shape."""
+def load_profile(name_or_path: str | Path, _seen: tuple = ()) -> dict:
+    """Parse a profile as data (yaml.safe_load: no tags, no code) and check its shape; a profile
+    with ``extends: <profile>`` is that profile with this one's keys over it."""
     path = profile_path(name_or_path)
     if not path.is_file():
         raise ConfigError(
@@ -74,8 +76,31 @@ def load_profile(name_or_path: str | Path) -> dict:
     for sec, body in data.items():
         if sec not in META_KEYS and body is not None and not isinstance(body, dict):
             raise ConfigError(f"section {sec!r} must be a mapping", key=sec, source=str(path))
+    if data.get("extends"):
+        data = _overlay(data, path, seen=(*_seen, path.resolve()))
     data["_path"] = str(path)
     return data
+
+
+def _overlay(data: dict, path: Path, seen: tuple) -> dict:
+    """A profile that ``extends`` another: the other's sections, each overridden key by key by
+    this one's (``common`` too); its description and run_here unless this one gives them."""
+    base_name = data["extends"]
+    base_path = profile_path(base_name)
+    if base_path.resolve() in seen:
+        raise ConfigError(
+            f"extends {base_name!r} comes back to itself", key="extends", source=str(path)
+        )
+    base = load_profile(base_path, _seen=seen)
+    out = {k: v for k, v in base.items() if k not in ("_path", "extends")}
+    for sec, body in data.items():
+        if sec in META_KEYS or body is None:
+            if sec != "extends" and body is not None:
+                out[sec] = body
+            continue
+        out[sec] = {**(out.get(sec) or {}), **body}
+    out["extends"] = base_name
+    return out
 
 
 def engine_base(name_or_path: str | Path) -> dict:
