@@ -140,74 +140,95 @@ def make_workload(spec: dict, vocab_size: int | None = None) -> Workload:
         )
     vocab = int(spec.get("vocab_size") or vocab_size or 1024)
     rng = np.random.default_rng(seed)
-    reqs: list[Request] = []
-
-    if kind == "fixed":
-        plen = _positive(spec, "prompt_len")
-        reqs = [Request(_ids(rng, plen, vocab), out) for _ in range(n)]
-    elif kind in ("uniform", "normal"):
-        lo = _positive(spec, "min_prompt_len", 1)
-        hi = _positive(spec, "max_prompt_len", 4096 if kind == "normal" else None)
-        if lo > hi:
-            raise ConfigError(f"min_prompt_len {lo} > max_prompt_len {hi}", key="min_prompt_len")
-        if kind == "uniform":
-            lens = rng.integers(lo, hi + 1, size=n)
-        else:
-            mean = _positive(spec, "mean_prompt_len")
-            std = float(spec.get("std_prompt_len", mean / 4))
-            lens = np.clip(np.rint(rng.normal(mean, std, size=n)), lo, hi).astype(int)
-        reqs = [Request(_ids(rng, int(k), vocab), out) for k in lens]
-    elif kind == "lognormal":
-        # Real traffic is not one length: chat logs' prompt and reply lengths are long-tailed,
-        # roughly log-normal. Seeded, clipped, drawn per request (prompt and output apart).
-        med_p = _positive(spec, "median_prompt_len", 512)
-        med_o = _positive(spec, "median_output_len", out)
-        lo = _positive(spec, "min_prompt_len", 1)
-        hi_p = _positive(spec, "max_prompt_len", 8 * med_p)
-        hi_o = _positive(spec, "max_output_len", 8 * med_o)
-        sp, so = float(spec.get("sigma_prompt", 0.8)), float(spec.get("sigma_output", 0.6))
-        if sp < 0 or so < 0:
-            raise ConfigError("sigma_prompt and sigma_output must be >= 0", key="sigma_prompt")
-        plens = np.clip(np.rint(rng.lognormal(np.log(med_p), sp, size=n)), lo, hi_p).astype(int)
-        olens = np.clip(np.rint(rng.lognormal(np.log(med_o), so, size=n)), 1, hi_o).astype(int)
-        reqs = [
-            Request(_ids(rng, int(a), vocab), int(b)) for a, b in zip(plens, olens, strict=True)
-        ]
-    elif kind == "shared_prefix":
-        plen = _positive(spec, "prompt_len")
-        share = float(spec.get("prefix_share", 0.5))
-        if not 0.0 <= share <= 1.0:
-            raise ConfigError(f"prefix_share must be in [0, 1], got {share}", key="prefix_share")
-        n_pre = _positive(spec, "num_prefixes", 4)
-        pre_len = int(round(plen * share))
-        prefixes = [_ids(rng, pre_len, vocab) for _ in range(n_pre)]
-        # Round-robin over system prompts: every prefix is reused n / num_prefixes times.
-        reqs = [
-            Request(
-                prefixes[i % n_pre] + _ids(rng, plen - pre_len, vocab), out, tag=f"p{i % n_pre}"
-            )
-            for i in range(n)
-        ]
-    elif kind == "mixed":
-        short, long = _positive(spec, "short_len", 128), _positive(spec, "long_len", 2048)
-        frac = float(spec.get("long_fraction", 0.25))
-        long_out = _positive(spec, "long_output_len", out)
-        is_long = rng.random(n) < frac
-        reqs = [
-            Request(
-                _ids(rng, long if lg else short, vocab),
-                long_out if lg else out,
-                tag="long" if lg else "short",
-            )
-            for lg in is_long
-        ]
-    elif kind == "text":
-        prompts = spec.get("prompts") or CHAT_PROMPTS
-        reqs = [Request(None, out, prompt=prompts[i % len(prompts)], tag="text") for i in range(n)]
-
+    reqs = _BUILDERS[kind](spec, rng, n, out, vocab)
     for r, t in zip(reqs, poisson_arrivals(n, float(rate), seed), strict=True):
         r.arrival_s = t
     return Workload(name=str(spec.get("name") or kind), requests=reqs, spec=dict(spec))
+
+
+# --------------------------------------------------------------------------- one builder per kind
+# Each: (spec, rng, num_requests, output_len, vocab) -> the requests, drawn from ``rng`` in order.
+def _fixed(spec, rng, n, out, vocab) -> list[Request]:
+    plen = _positive(spec, "prompt_len")
+    return [Request(_ids(rng, plen, vocab), out) for _ in range(n)]
+
+
+def _spread(spec, rng, n, out, vocab) -> list[Request]:
+    """uniform and normal prompt lengths, clipped to [min_prompt_len, max_prompt_len]."""
+    kind = spec["kind"]
+    lo = _positive(spec, "min_prompt_len", 1)
+    hi = _positive(spec, "max_prompt_len", 4096 if kind == "normal" else None)
+    if lo > hi:
+        raise ConfigError(f"min_prompt_len {lo} > max_prompt_len {hi}", key="min_prompt_len")
+    if kind == "uniform":
+        lens = rng.integers(lo, hi + 1, size=n)
+    else:
+        mean = _positive(spec, "mean_prompt_len")
+        std = float(spec.get("std_prompt_len", mean / 4))
+        lens = np.clip(np.rint(rng.normal(mean, std, size=n)), lo, hi).astype(int)
+    return [Request(_ids(rng, int(k), vocab), out) for k in lens]
+
+
+def _lognormal(spec, rng, n, out, vocab) -> list[Request]:
+    # Real traffic is not one length: chat logs' prompt and reply lengths are long-tailed,
+    # roughly log-normal. Seeded, clipped, drawn per request (prompt and output apart).
+    med_p = _positive(spec, "median_prompt_len", 512)
+    med_o = _positive(spec, "median_output_len", out)
+    lo = _positive(spec, "min_prompt_len", 1)
+    hi_p = _positive(spec, "max_prompt_len", 8 * med_p)
+    hi_o = _positive(spec, "max_output_len", 8 * med_o)
+    sp, so = float(spec.get("sigma_prompt", 0.8)), float(spec.get("sigma_output", 0.6))
+    if sp < 0 or so < 0:
+        raise ConfigError("sigma_prompt and sigma_output must be >= 0", key="sigma_prompt")
+    plens = np.clip(np.rint(rng.lognormal(np.log(med_p), sp, size=n)), lo, hi_p).astype(int)
+    olens = np.clip(np.rint(rng.lognormal(np.log(med_o), so, size=n)), 1, hi_o).astype(int)
+    return [Request(_ids(rng, int(a), vocab), int(b)) for a, b in zip(plens, olens, strict=True)]
+
+
+def _shared_prefix(spec, rng, n, out, vocab) -> list[Request]:
+    plen = _positive(spec, "prompt_len")
+    share = float(spec.get("prefix_share", 0.5))
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError(f"prefix_share must be in [0, 1], got {share}", key="prefix_share")
+    n_pre = _positive(spec, "num_prefixes", 4)
+    pre_len = int(round(plen * share))
+    prefixes = [_ids(rng, pre_len, vocab) for _ in range(n_pre)]
+    # Round-robin over system prompts: every prefix is reused n / num_prefixes times.
+    return [
+        Request(prefixes[i % n_pre] + _ids(rng, plen - pre_len, vocab), out, tag=f"p{i % n_pre}")
+        for i in range(n)
+    ]
+
+
+def _mixed(spec, rng, n, out, vocab) -> list[Request]:
+    short, long = _positive(spec, "short_len", 128), _positive(spec, "long_len", 2048)
+    frac = float(spec.get("long_fraction", 0.25))
+    long_out = _positive(spec, "long_output_len", out)
+    is_long = rng.random(n) < frac
+    return [
+        Request(
+            _ids(rng, long if lg else short, vocab),
+            long_out if lg else out,
+            tag="long" if lg else "short",
+        )
+        for lg in is_long
+    ]
+
+
+def _text(spec, rng, n, out, vocab) -> list[Request]:
+    prompts = spec.get("prompts") or CHAT_PROMPTS
+    return [Request(None, out, prompt=prompts[i % len(prompts)], tag="text") for i in range(n)]
+
+
+_BUILDERS = {
+    "fixed": _fixed,
+    "uniform": _spread,
+    "normal": _spread,
+    "lognormal": _lognormal,
+    "shared_prefix": _shared_prefix,
+    "mixed": _mixed,
+    "text": _text,
+}
 
 
 def check_fits(workload: Workload, max_model_len: int) -> None:

@@ -660,58 +660,85 @@ class Deployment:
         sampler.start()
         t0 = time.perf_counter()
         try:
-            if record and client.client == benchserve.CLIENT:  # warm-ups: tunebook's client
-                self._bench_runs += 1
-                recs, check = benchserve.run(
-                    self.url,
-                    self.model_name,
-                    str(resolve_model_dir(self.point.model)),
-                    wl,
-                    client.slo,
-                    int(client.serve.get("client_workers", 1)),
-                    self.log_dir,
-                    f"{client.point_id}-{self._bench_runs}",
-                    self.request_timeout_s + 600,
-                )
-            else:
-                recs, check = self.client.run(
-                    self.url,
-                    self.model_name,
-                    self.client_requests(wl),
-                    api=self.api,
-                    sampling=client.sampling_kwargs(),
-                    timeout_s=self.request_timeout_s,
-                    max_concurrency=client.max_concurrency,
-                    stop=stop,
-                )
+            recs, check = self._send(wl, client, record, stop)
         finally:
             dur = time.perf_counter() - t0
             peaks = sampler.stop()
-        dead = self.alive()
-        if dead:
-            i = dead[0]
-            oom = oom_kills()
-            oom_said = (
-                f"; the kernel's OOM killer killed {oom - oom_before} process(es) here meanwhile"
-                if oom is not None and oom_before is not None and oom > oom_before
-                else ""
-            )
-            raise RuntimeError(
-                f"replica {i} died during the run ({exit_status(self.procs[i].poll())};"
-                f" {len(dead)} of {len(self.procs)} replica(s) dead{oom_said};"
-                f" {death_context(self.procs[i])}): "
-                f"{_tail(self.logs[i].read_text(errors='replace'))}"
-            )
+        self._raise_if_dead(oom_before)
         if not record:
             return {}
-        after = sampler.final or self.scrape()
-        every_rec = recs
+        metrics = self._metrics(recs, dur, client, wl, check, peaks, before, sampler.final)
+        if min_window_s is not None and metrics["offered_rps"]:
+            metrics.update(
+                judge_window(
+                    recs,
+                    sampler.samples,
+                    wl,
+                    metrics.get("slo_holds") if client.slo else None,
+                    # the schedule's start on the sampler's clock
+                    (check["start_wall"] - sampler.wall0) if check.get("start_wall") else 0.0,
+                    min_window_s,
+                    client.slo,
+                )
+            )
+        kept = [r for r in recs if not r.get("stopped")]
+        return {"metrics": metrics, "requests": kept, "timeline": sampler.samples, "client": check}
+
+    def _send(self, wl: Workload, client: Point, record: bool, stop: dict | None):
+        """(records, the client's check) from the point's client: tunebook's, or vLLM's own
+        ``vllm bench serve`` (warm-ups always tunebook's: no bench run to pay for)."""
+        if record and client.client == benchserve.CLIENT:
+            self._bench_runs += 1
+            return benchserve.run(
+                self.url,
+                self.model_name,
+                str(resolve_model_dir(self.point.model)),
+                wl,
+                client.slo,
+                int(client.serve.get("client_workers", 1)),
+                self.log_dir,
+                f"{client.point_id}-{self._bench_runs}",
+                self.request_timeout_s + 600,
+            )
+        return self.client.run(
+            self.url,
+            self.model_name,
+            self.client_requests(wl),
+            api=self.api,
+            sampling=client.sampling_kwargs(),
+            timeout_s=self.request_timeout_s,
+            max_concurrency=client.max_concurrency,
+            stop=stop,
+        )
+
+    def _raise_if_dead(self, oom_before: int | None) -> None:
+        """A replica that died during the run fails it, with what its log and the kernel say."""
+        dead = self.alive()
+        if not dead:
+            return
+        i = dead[0]
+        oom = oom_kills()
+        oom_said = (
+            f"; the kernel's OOM killer killed {oom - oom_before} process(es) here meanwhile"
+            if oom is not None and oom_before is not None and oom > oom_before
+            else ""
+        )
+        raise RuntimeError(
+            f"replica {i} died during the run ({exit_status(self.procs[i].poll())};"
+            f" {len(dead)} of {len(self.procs)} replica(s) dead{oom_said};"
+            f" {death_context(self.procs[i])}): "
+            f"{_tail(self.logs[i].read_text(errors='replace'))}"
+        )
+
+    def _metrics(self, recs, dur, client, wl, check, peaks, before, final) -> dict:
+        """The run's figures: latencies and goodput of the requests that ran, the engine's
+        counters over the run and its gauges' peaks, the client's check, the chunk gaps."""
+        after = final or self.scrape()
         n_stopped = sum(1 for r in recs if r.get("stopped"))
-        recs = [r for r in recs if not r.get("stopped")]
+        ran = [r for r in recs if not r.get("stopped")]
         # The workload's own span: from the first scheduled send to the last reply, not the
         # client's start-up lead.
-        span = _span_s(recs) or dur
-        metrics = summarize(recs, span, client.slo)
+        metrics = summarize(ran, _span_s(ran) or dur, client.slo)
         if n_stopped:
             # More requests broke the SLO than it allows of the whole workload: it cannot hold.
             # Goodput over the part that ran is no rate the deployment sustains: not reported.
@@ -732,20 +759,7 @@ class Deployment:
         )
         # What a chat reader sees as a stall: the gaps between streamed chunks, pooled.
         metrics["chunk_gap_p99_ms"] = metrics.get("itl_p99_ms")
-        if min_window_s is not None and metrics["offered_rps"]:
-            metrics.update(
-                judge_window(
-                    every_rec,
-                    sampler.samples,
-                    wl,
-                    metrics.get("slo_holds") if client.slo else None,
-                    # the schedule's start on the sampler's clock
-                    (check["start_wall"] - sampler.wall0) if check.get("start_wall") else 0.0,
-                    min_window_s,
-                    client.slo,
-                )
-            )
-        return {"metrics": metrics, "requests": recs, "timeline": sampler.samples, "client": check}
+        return metrics
 
 
 def allowed_bad(n: int, slo: dict) -> int:
@@ -1096,6 +1110,29 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
     else:
         found = search_rates(measure, search)
     result.per_rate = sorted(per_rate, key=lambda r: r["offered_rps"])
+    result.metrics = _capacity_metrics(point, per_rate, found, rule, best)
+    if best:
+        result.requests = best["out"]["requests"]
+        result.timeline = best["out"]["timeline"]
+
+
+AT_CAPACITY = (
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "ttft_p50_ms",
+    "e2e_p50_ms",
+    "chunk_gap_p99_ms",
+    "output_throughput_tok_s",
+    "window_s",
+)
+
+
+def _capacity_metrics(
+    point: Point, per_rate: list[dict], found: dict, rule: bool, best: dict
+) -> dict:
+    """A rate search's headline: the capacity (the highest rate that held), the first rate that
+    failed, the client's check over every rate, and the figures at the capacity rate."""
     held = [r for r in per_rate if r.get("holds") and not r.get("superseded")]
     metrics = {
         "capacity_rps": found.get("capacity_rps")
@@ -1115,23 +1152,10 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
         # Arrival seconds this search spent, every rate's window (a rerun's too).
         "window_s_total": round(sum(r.get("window_s") or 0.0 for r in per_rate), 1),
     }
-    if best:
-        # The figures at the capacity rate, for tables that read one point's latency.
+    if best:  # the figures at the capacity rate, for tables that read one point's latency
         m = best["out"]["metrics"]
-        for k in (
-            "ttft_p99_ms",
-            "tpot_p50_ms",
-            "tpot_p99_ms",
-            "ttft_p50_ms",
-            "e2e_p50_ms",
-            "chunk_gap_p99_ms",
-            "output_throughput_tok_s",
-            "window_s",
-        ):
-            metrics[f"{k}_at_capacity"] = m.get(k)
-        result.requests = best["out"]["requests"]
-        result.timeline = best["out"]["timeline"]
-    result.metrics = metrics
+        metrics.update({f"{k}_at_capacity": m.get(k) for k in AT_CAPACITY})
+    return metrics
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -82,6 +82,27 @@ def _client_limited(point: dict) -> bool:
     return False
 
 
+def _ranking(by: dict[str, dict], reference: str) -> list[dict]:
+    """Each configuration's capacity (median, min-max over starts) against the reference's by
+    the one noise rule, best first."""
+    ref = by[reference]
+    ranking = []
+    for cfg, e in by.items():
+        c = compare(ref["values"], e["values"])
+        ranking.append(
+            {
+                "config": cfg,
+                **{f"capacity_{k}": v for k, v in spread(e["values"]).items()},
+                "vs_default": c["ratio"],
+                "noise": c["noise"] if cfg != reference else "(reference)",
+                "beyond_noise": cfg != reference and not c["within_noise"],
+                "lower_bound": e["lower_bound"],
+                "failed_starts": e["failed"],
+            }
+        )
+    return sorted(ranking, key=lambda r: -(r["capacity_median"] or 0))
+
+
 def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict | None:
     """The deployment for served chat traffic, from the run's capacity evidence, or None.
 
@@ -94,21 +115,7 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
         if reference not in by:
             continue
         ref = by[reference]
-        ranking = []
-        for cfg, e in by.items():
-            c = compare(ref["values"], e["values"])
-            ranking.append(
-                {
-                    "config": cfg,
-                    **{f"capacity_{k}": v for k, v in spread(e["values"]).items()},
-                    "vs_default": c["ratio"],
-                    "noise": c["noise"] if cfg != reference else "(reference)",
-                    "beyond_noise": cfg != reference and not c["within_noise"],
-                    "lower_bound": e["lower_bound"],
-                    "failed_starts": e["failed"],
-                }
-            )
-        ranking.sort(key=lambda r: -(r["capacity_median"] or 0))
+        ranking = _ranking(by, reference)
         # The highest capacity that beats the default beyond the noise. The highest measured may
         # not: a configuration with failed starts has too few left to rank (n=1 ranks nothing),
         # and that must not hide a second one that does beat the default.
