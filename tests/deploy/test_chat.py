@@ -41,6 +41,7 @@ from conftest import ENGINE_ENV, ENGINE_SETTINGS
 
 from tunebook.deploy import chat, serve, writers
 from tunebook.engine import flags, vllm_http
+from tunebook.engine.interrupt import SIGNAL_AT_ENV
 from tunebook.topics import assemble
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +88,7 @@ class FakeServer:
         self.reply = ["你好", "，", "这是", "一个", "流式", "回答", "。"]
         self.delay_s = 0.05
         self.max_chars = 2000
+        self.root: str | None = None  # /v1/models' root (vLLM: the model's path)
         self.requests: list[dict] = []
         self.done = 0
         self.conns: set[socket.socket] = set()
@@ -126,7 +128,8 @@ class FakeServer:
                 if self.path == "/health":
                     self._send(200, b"", "text/plain")
                 elif self.path == "/v1/models":
-                    data = {"data": [{"id": fake.MODEL, "max_model_len": 512}]}
+                    model = {"id": fake.MODEL, "max_model_len": 512}
+                    data = {"data": [{**model, **({"root": fake.root} if fake.root else {})}]}
                     self._send(200, json.dumps(data).encode(), "application/json")
                 elif self.path == "/metrics":
                     self._send(200, fake.metrics().encode(), "text/plain; version=0.0.4")
@@ -237,9 +240,79 @@ def test_config_travels_through_the_environment():
         label="runs/x/05_assemble_config",
     )
     assert chat.ChatConfig.from_env(cfg.to_env()) == cfg
-    assert chat.ChatConfig.from_env(chat.ChatConfig(url="http://a:1").to_env()).max_tokens is None
+    # a reply is capped unless asked otherwise; None (--max-tokens 0) travels as "no cap"
+    default = chat.ChatConfig(url="http://a:1")
+    assert default.max_tokens == chat.DEFAULT_MAX_TOKENS == 512
+    assert chat.ChatConfig.from_env(default.to_env()).max_tokens == 512
+    uncapped = chat.ChatConfig(url="http://a:1", max_tokens=None, dummy_weights=True)
+    assert chat.ChatConfig.from_env(uncapped.to_env()) == uncapped
     with pytest.raises(RuntimeError, match="TUNEBOOK_CHAT_URL"):
         chat.ChatConfig.from_env({})
+
+
+def test_a_reply_is_capped_by_default_and_the_pages_setting_changes_the_cap():
+    cfg = chat.ChatConfig(url="http://a:1")
+    msgs = [{"role": "user", "content": "hi"}]
+    assert chat.request_body(cfg, "m", msgs)["max_tokens"] == 512
+    assert chat.request_body(cfg, "m", msgs, max_tokens=64)["max_tokens"] == 64
+    assert "max_tokens" not in chat.request_body(cfg, "m", msgs, max_tokens=0)  # none: the server's
+    assert "max_tokens" not in chat.request_body(
+        chat.ChatConfig(url="a", max_tokens=None), "m", msgs
+    )
+    assert chat.panel_props(cfg, None)["max_tokens"] == 512
+
+
+def test_the_models_text_is_shown_as_text_not_markdown():
+    """Random text from dummy weights is full of ~~, ** and # : escaped, none of it formats.
+    Streamed piece by piece it escapes as the whole text does."""
+    text = "~~struck~~ **bold** <b>x</b> 1. item\n# head\n    code? `tick` $x$ 你好，世界。"
+    whole = chat.escape_markdown(text)
+    esc = chat.Escaper()
+    assert "".join(esc.feed(text[i : i + 3]) for i in range(0, len(text), 3)) == whole
+    assert whole.startswith(r"\~\~struck\~\~ \*\*bold\*\* \<b\>x\<\/b\> 1\. item  ")
+    assert "  \n\\# head  \n\u00a0\u00a0\u00a0\u00a0code\\?" in whole  # no heading, no code block
+    assert whole.endswith(r"\`tick\` \$x\$ 你好，世界。")
+    # unescaped, the page would show the text again: every escape is one backslash
+    assert whole.replace("\\", "").replace("  \n", "\n").replace("\u00a0", " ") == text
+
+
+def test_dummy_weights_are_told_from_the_deployment_and_the_model_folder(tmp_path):
+    empty = tmp_path / "tiny"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "model.safetensors").write_bytes(b"")
+    assert chat.has_weights(empty) is False and chat.has_weights(real) is True
+    assert chat.has_weights("baidu/ERNIE-4.5-0.3B-PT") is None  # a hub name: unknown
+    assert chat.dummy_weights({"model": str(real), "load-format": "dummy"})
+    assert chat.dummy_weights({"model": str(empty)})
+    assert chat.dummy_weights({"model": "tiny"}, here=tmp_path)  # relative to the folder
+    assert not chat.dummy_weights({"model": str(real)})
+    assert not chat.dummy_weights({"model": "baidu/ERNIE-4.5-0.3B-PT"})
+    props = chat.panel_props(chat.ChatConfig(url="http://a:1", dummy_weights=True), None)
+    assert props["notice"] == chat.DUMMY_NOTICE and "random text by design" in props["notice"]
+    assert chat.panel_props(chat.ChatConfig(url="http://a:1"), None)["notice"] == ""
+
+
+def test_a_port_whose_server_just_stopped_can_be_listened_on_again():
+    """A server that has just stopped leaves its connections in TIME_WAIT: vLLM (uvicorn) binds
+    with SO_REUSEADDR and gets the port; so does the chat's check, which then keeps it."""
+    import socket
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    assert not chat.can_listen(port)  # listening: taken
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server side closes first: its end waits in TIME_WAIT
+    cli.close()
+    srv.close()
+    assert not vllm_http.port_free(port)  # a bind without SO_REUSEADDR: "taken" (the old check)
+    assert chat.can_listen(port)
 
 
 PROM = r"""
@@ -578,6 +651,115 @@ def test_a_running_deployment_is_reused_and_left_running(tmp_path, fake):
     assert chat._answers(f"http://127.0.0.1:{fake.port}/health")  # not ours to stop
 
 
+# --------------------------------------------------------------------------- Ctrl-C at each phase
+# A stand-in for `vllm serve --config <yaml> --host h --port p`: answers /health, /v1/models and
+# /metrics at once, so that each start phase is reached in seconds, without an engine.
+FAKE_VLLM = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+models = json.dumps({"data": [{"id": "fake", "root": "/nowhere"}]}).encode()
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body = {"/health": b"", "/v1/models": models, "/metrics": b""}.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", chat.START_PHASES)
+def test_ctrl_c_at_each_start_phase_stops_everything_it_started(
+    phase, tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C (SIGINT to the command, as its terminal sends it) at each moment of the start:
+    the server spawned, healthy, the app spawned, answering (the second Chainlit says it is
+    available: the app used to be left running in its own session, still serving) and running.
+    The command exits 0 and no process it started is left, the server's and the app's groups
+    included."""
+    if importlib.util.find_spec("chainlit") is None and phase.startswith(("app", "serving")):
+        pytest.skip(chat.INSTALL_HINT)
+    from tunebook.engine.isolation import group_alive
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    monkeypatch.setattr(
+        chat.flags, "vllm_command", lambda config, *extra: [sys.executable, str(script), *extra]
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # "chainlit is there"
+    spawned: list[tuple[str, int]] = []
+    real_spawn = chat._spawn
+
+    def spawn(cmd, log_path, env, on_spawn, cwd=None):
+        proc = real_spawn(cmd, log_path, env, on_spawn, cwd)
+        spawned.append((log_path.name, proc.pid))
+        return proc
+
+    monkeypatch.setattr(chat, "_spawn", spawn)
+    monkeypatch.setenv(SIGNAL_AT_ENV, phase)
+    folder = tmp_path / "05_assemble_config"
+    folder.mkdir()
+    # serve.yaml's port is taken by another program: the server starts on another, said once
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    asked = taken.getsockname()[1]
+    (folder / "serve.yaml").write_text(
+        f"model: /nowhere/fake\nserved-model-name: fake\nport: {asked}\n"
+    )
+    app_port = vllm_http.free_port()
+    try:
+        code = chat.main(
+            [
+                str(folder),
+                "--port",
+                str(app_port),
+                "--log-dir",
+                str(tmp_path / "logs"),
+                "--timeout",
+                "60",
+            ]
+        )
+    finally:
+        taken.close()
+        left = [(name, pid) for name, pid in spawned if group_alive(pid)]
+        for _, pid in left:  # never leave them running, but report them: the test fails
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert not left, f"left running after Ctrl-C at {phase}: {left}\n{out}"
+    want = {
+        "server_spawned": 1,
+        "server_healthy": 1,
+        "app_spawned": 2,
+        "app_ready": 2,
+        "serving": 2,
+    }
+    assert [n for n, _ in spawned] == ["serve.log", "chat.log"][: want[phase]], spawned
+    assert "[chat] server stopped:" in out, out
+    assert re.search(
+        rf"\[chat\] port {asked} is taken \(.*\): its server starts on port \d+ instead", out
+    )
+    assert out.count(f"port {asked} is taken") == 1
+    if phase in ("app_ready", "serving"):
+        assert not chat._answers(f"http://127.0.0.1:{app_port}/")  # the app no longer serves
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
 def test_the_panel_jsx_is_packaged():
     assert chat.PANEL_JSX.is_file() and "data-metric" in chat.PANEL_JSX.read_text()
     assert chat.APP_FILE.is_file()
@@ -860,6 +1042,104 @@ def test_chat_errors_and_recovery_in_a_browser(tmp_path, fake):
                 expect(panel).to_have_attribute("data-status", "ok")
             except Exception:
                 _screenshot(page, "chat-errors-failure.png")
+                raise
+            finally:
+                browser.close()
+    finally:
+        code, left = cmd.stop()
+    assert code == 0, cmd.output()
+    assert not left, f"processes left after tunebook.chat stopped: {left}"
+
+
+STARTER_FONTS_JS = """(text) => {
+  // the innermost element showing the starter's text, marked for the DevTools protocol
+  const all = [...document.querySelectorAll('body *')].filter(e => e.textContent.trim() === text);
+  const el = all[all.length - 1];
+  el.setAttribute('data-tb-starter', '1');
+  return getComputedStyle(el).fontFamily;
+}"""
+
+
+def _platform_fonts(page, selector: str) -> list[dict]:
+    """The fonts Chromium drew a node's text with, and how many glyphs each drew (DevTools
+    protocol, CSS.getPlatformFontsForNode): tofu boxes are drawn with no CJK font at all."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+    return cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+
+
+@pytest.mark.browser
+def test_starters_are_glyphs_replies_are_text_capped_and_dummy_weights_are_said(tmp_path, fake):
+    """The page a newcomer sees: the article's Chinese starters drawn with a CJK font (CI
+    installs fonts-noto-cjk; without it they were boxes), a banner saying the model has dummy
+    weights, a reply capped at 512 tokens unless the settings say otherwise, and the model's
+    ~~ and ** shown as characters, not as strike-through and bold (no engine: a scripted
+    server)."""
+    _browser_requirements()
+    from playwright.sync_api import expect, sync_playwright
+
+    weights = tmp_path / "tiny-model"  # a model folder without weights, as the cpu profile's
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    fake.root = str(weights)
+    port = vllm_http.free_port()
+    cmd = ChatCommand(
+        ["--url", fake.url, "--port", str(port), "--refresh", "0.5"]
+        + ["--log-dir", str(tmp_path / "logs")],
+        tmp_path / "chat.out",
+    )
+    code, left = None, []
+    try:
+        cmd.wait_for(r"\[chat\] open http://", PAGE_S)
+        assert (
+            "dummy weights" in cmd.output() and "reply cap (max_tokens): 512 tokens" in cmd.output()
+        )
+        with sync_playwright() as pw:
+            browser, page = _open_page(pw, f"http://127.0.0.1:{port}")
+            try:
+                banner = page.locator(".tunebook-dummy-weights")
+                expect(banner).to_be_visible(timeout=PAGE_S * 1000)
+                expect(banner).to_contain_text("random text by design")
+                prompt = chat.ARTICLE_PROMPTS[0]
+                expect(page.get_by_text(prompt)).to_be_visible()
+                page.evaluate(STARTER_FONTS_JS, prompt)
+                fonts = _platform_fonts(page, "[data-tb-starter]")
+                cjk = [f for f in fonts if "CJK" in f["familyName"]]
+                hanzi = sum(1 for ch in prompt if "\u4e00" <= ch <= "\u9fff")
+                assert cjk and sum(f["glyphCount"] for f in cjk) >= hanzi, fonts
+                print(f"starter fonts: {fonts}")
+                _screenshot(page, "chat-starters.png")
+
+                # a reply full of Markdown marks, capped at 512 by default
+                fake.reply = ["~~删", "除~~ ", "**粗", "体** ", "<b>x</b> ", "# 标题"]
+                _send(page, "你好")
+                reply = _assistant(page).last
+                expect(reply).to_contain_text("~~删除~~ **粗体** <b>x</b> # 标题", timeout=30_000)
+                expect(reply).to_contain_text("dummy weights: random text by design")
+                assert reply.locator("del, s, strong, b, h1").count() == 0
+                assert fake.requests[-1]["max_tokens"] == 512
+
+                # the settings change the cap of this chat: Home (0) then four steps of 16
+                page.locator("#chat-settings-open-modal").click()
+                slider = page.get_by_role("slider")
+                expect(slider).to_have_count(1)
+                slider.focus()
+                page.keyboard.press("Home")
+                for _ in range(4):
+                    page.keyboard.press("ArrowRight")
+                page.locator("#confirm").click()
+                _send(page, "再来")
+                expect(_assistant(page).last).to_contain_text("标题", timeout=30_000)
+                assert fake.requests[-1]["max_tokens"] == 64
+                assert fake.requests[-1]["messages"][1]["content"] == (  # the history: raw text
+                    "~~删除~~ **粗体** <b>x</b> # 标题"
+                )
+                _screenshot(page, "chat-text-not-markdown.png")
+            except Exception:
+                _screenshot(page, "chat-page-failure.png")
                 raise
             finally:
                 browser.close()

@@ -407,34 +407,80 @@ def test_explorer_recommendation_follows_the_ttft_slider(lab):
 
 
 # --------------------------------------------------------------------------- the run's report
+def _console_errors(page, errors: list, name: str) -> None:
+    """Collect the page's console errors and uncaught exceptions (a blocked fetch of a CDN
+    script is one: 'Failed to load resource')."""
+    page.on("console", lambda m: errors.append(f"{name}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"{name}: {e}"))
+
+
 @pytest.mark.browser
-def test_report_summary_shows_the_ledger_and_draws_its_charts(tmp_path):
-    """report/index.html opened from disk (no server, no network): the ledger is there in full
-    and plotly, embedded in the page, draws the charts."""
+def test_report_answers_first_and_every_page_works_offline(tmp_path):
+    """report/index.html and each notebook page opened from disk, the network cut off: the
+    summary card (what to deploy, its ratio to the default, the command that starts it) lies
+    within the first 900 px, the ledger is one line per claim with its full text folded, plotly
+    (embedded, or report/plotly.min.js) draws the charts, and no page logs a console error."""
     _requirements()
     from playwright.sync_api import expect, sync_playwright
-    from test_report import LONG_NOTE, build_run
+    from test_report import LONG_NOTE, add_deployment, build_run
 
     from tunebook.workbench.report import write_report
 
-    index = write_report(build_run(tmp_path))
+    run = build_run(tmp_path)
+    add_deployment(run)
+    index = write_report(run)
+    pages = sorted(index.parent.glob("*.html"))
+    assert [p.name for p in pages] == ["02_block_size_sweep.html", "index.html"]
+    errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
             page.route("http*://**", lambda route: route.abort())  # offline: nothing is fetched
+            _console_errors(page, errors, "index.html")
             page.goto(index.as_uri())
-            rows = page.locator("table.ledger tbody tr")
+            card = page.locator("#summary")
+            expect(card).to_be_visible()
+            box = card.bounding_box()
+            assert box["y"] + box["height"] <= 900, box  # the answer is on the first screen
+            first = card.locator("tbody tr").first
+            expect(first).to_contain_text("2 vllm serve replicas behind vllm-router")
+            expect(first).to_contain_text("stream_interval=16")
+            expect(first).to_contain_text(re.compile(r"\d+\.\d\dx the default's"))
+            expect(first).to_contain_text(
+                f"bash runs/{run.name}/04_assemble_config/deployment/start.sh"
+            )
+            REPORT_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(REPORT_SCREENSHOT))  # the first 900 px
+            # the ledger: one line per claim, the full note folded until opened
+            rows = page.locator("table.claims tbody tr")
             expect(rows).to_have_count(1)
             expect(rows.first).to_contain_text("C4")
             expect(rows.first).to_contain_text("refuted")
-            expect(rows.first).to_contain_text(LONG_NOTE.split()[-1])
+            note = page.locator("#claim-C4").get_by_text(LONG_NOTE.split()[-1], exact=False)
+            expect(note).to_be_hidden()
+            rows.first.locator("a").click()  # the claim's link opens its fold
+            expect(note).to_be_visible()
             charts = page.locator(".chart .js-plotly-plot .main-svg")
             expect(charts.first).to_be_visible(timeout=30_000)
-            assert charts.count() >= 3  # validation, the notebook's chart, GPU time
+            assert charts.count() >= 4  # validation, 04's capacity, the notebook's, device time
             # the validation chart has bars: the figure was drawn, not only its frame
             expect(page.locator(".chart").first.locator("g.point").first).to_be_attached()
-            REPORT_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(REPORT_SCREENSHOT), full_page=True)
+            # nothing wider than the page: tables scroll in their own box
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1300
+            page.screenshot(
+                path=str(REPORT_SCREENSHOT.with_name("report-full.png")), full_page=True
+            )
+            for p in pages:
+                if p.name == "index.html":
+                    continue
+                nb = browser.new_page(viewport={"width": 1300, "height": 900})
+                nb.route("http*://**", lambda route: route.abort())
+                _console_errors(nb, errors, p.name)
+                nb.goto(p.as_uri())
+                expect(nb.locator(".js-plotly-plot .main-svg").first).to_be_visible(timeout=30_000)
+                nb.wait_for_timeout(500)  # late errors (a script that fails after load)
+                nb.close()
         finally:
             browser.close()
+    assert not errors, errors

@@ -323,3 +323,49 @@ def test_the_background_warm_up_is_said_below_the_table_and_adds_to_no_row():
     assert cost.warm_up_text({"runner": [{"warm_up": w}]}) == (
         "model inspection warm-up of m did not complete (exit code 1)"
     )
+
+
+def test_a_cpu_run_is_told_in_device_seconds_and_a_gpu_run_in_gpu_seconds(tmp_path, capsys):
+    """A CPU run holds no GPU: its table, its chart and the command's first line say
+    device-seconds; a GPU run keeps GPU-seconds."""
+    sd = SweepDir(tmp_path / "00_baseline" / "s")
+    secs = {"engine_start": 3.0, "warmup": 1.0, "measure": 4.0, "teardown": 0.5, "process": 1.5}
+    sd.write("a", _point("a", secs, 10.5, env={"platform": "cpu"}))
+    assert cost.run_platform(tmp_path) == "cpu"
+    assert cost.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "device-seconds = wall time holding the CPU" in out and "device-s" in out
+    assert "GPU" not in out
+    assert cost.main([str(REPO / "runs" / "h100-20261206e")]) == 0
+    out = capsys.readouterr().out
+    assert "GPU-seconds = wall time holding the GPU" in out and "GPU-s" in out
+    fig = cost.figure(cost.run_cost(tmp_path), label="device-seconds").to_dict()
+    assert fig["layout"]["title"]["text"] == "device-seconds per notebook"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "device-seconds"
+
+
+def test_a_runner_record_counts_up_to_now_only_in_the_runners_own_process(tmp_path):
+    """The runner reads run.json while it writes the report: its own record then counts up to
+    that moment. Any other process (the cost command, later) reads the record as written."""
+    import datetime as dt
+
+    import psutil
+
+    began = psutil.Process().create_time()
+    started = dt.datetime.fromtimestamp(began).isoformat(timespec="seconds")
+    state = {"runner": [{"started": started, "seconds": 5.0, "notebook_s": 1.0}]}
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    (runner,) = cost.run_cost(tmp_path, now=began + 100.0)
+    assert runner["gpu_s"] == pytest.approx(99.0)  # this process is that runner
+    code = (
+        "import sys; from tunebook.workbench import cost;"
+        " print(cost.run_cost(sys.argv[1])[-1]['gpu_s'])"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert float(other.stdout) == pytest.approx(4.0), other.stderr
+    # a record of another start is never extended
+    state["runner"][0]["started"] = "2000-01-01T00:00:00"
+    (tmp_path / "run.json").write_text(json.dumps(state))
+    assert cost.run_cost(tmp_path, now=began + 100.0)[0]["gpu_s"] == pytest.approx(4.0)

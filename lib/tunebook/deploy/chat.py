@@ -6,12 +6,18 @@ server's own live state (its Prometheus ``/metrics``) in a side panel.
 
 With an assembled folder (or its serve.yaml) it reuses a server of that deployment already
 answering on serve.yaml's port (vLLM's default 8000 when the YAML names none), else starts one
-with ``vllm serve --config serve.yaml`` as ``tunebook.deploy.serve`` does and stops it on exit. Then it
-runs the Chainlit app (``tunebook/chat_app.py``) and stops it, and what it started, on Ctrl-C or
-SIGTERM (each in its own process group).
+with ``vllm serve --config serve.yaml`` as ``tunebook.deploy.serve`` does and stops it on exit
+(on another port, said in one line, when that one is taken). Then it runs the Chainlit app
+(``tunebook/chat_app.py``). Ctrl-C or SIGTERM at any moment stops it, and everything it started
+(each in its own process group): a process is recorded for the stop as it is started, before
+any wait (``TUNEBOOK_SIGNAL_AT=<phase>`` interrupts at one of ``START_PHASES``, for tests).
 
-Replies stream from ``/v1/chat/completions`` (``stream=true``) token by token; each ends with its
-time to first token, token count and decode rate. The panel refreshes every ``--refresh``
+Replies stream from ``/v1/chat/completions`` (``stream=true``) token by token, capped at
+``--max-tokens`` (512 by default; 0: the server's own limit, what is left of the context; the
+page's settings change it per chat), and shown as text: the model's Markdown is escaped
+(``Escaper``), so its ``~~`` or ``#`` are characters, not formatting. Each reply ends with its
+time to first token, token count and decode rate. A model without weights in its folder (vLLM's
+``load_format: dummy``) answers random text by design: the page says so in a banner. The panel refreshes every ``--refresh``
 seconds: running and waiting requests, KV-cache use, prefix-cache hit rate (the article's
 section 6.2 monitor, read from vLLM itself), plus finished requests per second, mean latency and
 generated tokens per second over the last ``--window`` seconds. A router's own /metrics has no
@@ -44,6 +50,7 @@ from pathlib import Path
 
 from tunebook.deploy import serve
 from tunebook.engine import flags
+from tunebook.engine.interrupt import SIGNAL_AT_ENV
 from tunebook.engine.vllm_http import (
     DONE,
     E2E,
@@ -57,7 +64,6 @@ from tunebook.engine.vllm_http import (
     Sample,
     free_port,
     parse_samples,
-    port_free,
     sse_data,
 )
 
@@ -68,6 +74,14 @@ PANEL_NAME = "ServerState"  # Chainlit loads public/elements/<name>.jsx for a Cu
 INSTALL_HINT = (
     "the chat extra is not installed: `pip install -e '.[chat]'` then "
     "`pip install --no-deps chainlit==2.12.0` (scripts/setup.sh does both)"
+)
+# A reply's cap when none is given: a tiny model's reply otherwise runs to what is left of the
+# context (1,697 tokens, 6.8 s, on the CPU profile); 0 on the command line lifts it.
+DEFAULT_MAX_TOKENS = 512
+DUMMY_NOTICE = (
+    "This model runs with dummy weights (no *.safetensors or *.bin in its folder: vLLM's"
+    " load_format dummy): its replies are random text by design. The server, the streaming and"
+    " this panel are real."
 )
 # The article's three benchmark prompts (its section 3.2), offered as starters.
 ARTICLE_PROMPTS = (
@@ -85,13 +99,14 @@ class ChatConfig:
     url: str  # OpenAI-compatible base, ending in /v1
     metrics: list[str] = field(default_factory=list)  # Prometheus endpoints shown in the panel
     model: str | None = None  # None: the first of /v1/models
-    max_tokens: int | None = None  # None: the server's (what is left of the context)
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: the server's (what is left of the context)
     temperature: float = 0.7  # the article's sampling (section 6)
     top_p: float = 0.9
     refresh_s: float = 2.0
     window_s: float = 30.0
     timeout_s: float = 300.0  # longest wait for the next chunk of a reply
     label: str = ""  # what is being served, for the panel
+    dummy_weights: bool = False  # the model has no weights: its text is noise (a banner says so)
 
     def __post_init__(self) -> None:
         self.url = api_base(self.url)
@@ -110,6 +125,7 @@ class ChatConfig:
             "WINDOW_S": str(self.window_s),
             "TIMEOUT_S": str(self.timeout_s),
             "LABEL": self.label,
+            "DUMMY_WEIGHTS": "1" if self.dummy_weights else "",
         }
         return {ENV_PREFIX + k: v for k, v in d.items()}
 
@@ -135,6 +151,7 @@ class ChatConfig:
             window_s=float(e.get("WINDOW_S", 30.0)),
             timeout_s=float(e.get("TIMEOUT_S", 300.0)),
             label=e.get("LABEL", ""),
+            dummy_weights=e.get("DUMMY_WEIGHTS") == "1",
         )
 
 
@@ -156,17 +173,81 @@ def metrics_url(base: str) -> str:
     return server_root(base) + "/metrics"
 
 
-def request_body(cfg: ChatConfig, model: str, messages: list[dict]) -> dict:
-    """The chat completion request (streaming and usage are added by ``stream_chat``)."""
+def request_body(
+    cfg: ChatConfig, model: str, messages: list[dict], max_tokens: int | None | str = "config"
+) -> dict:
+    """The chat completion request (streaming and usage are added by ``stream_chat``).
+    ``max_tokens``: the reply cap of this chat (the page's settings), else the config's; None
+    or 0 leaves it to the server."""
     body: dict = {
         "model": model,
         "messages": messages,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
     }
-    if cfg.max_tokens is not None:
-        body["max_tokens"] = cfg.max_tokens
+    cap = cfg.max_tokens if max_tokens == "config" else max_tokens
+    if cap:
+        body["max_tokens"] = int(cap)
     return body
+
+
+# --------------------------------------------------------------------------- text, not Markdown
+# CommonMark lets any ASCII punctuation be escaped with a backslash; escaped, none of it formats.
+_PUNCT = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+class Escaper:
+    """The model's text as the page shows it: characters, not Markdown. Every ASCII punctuation
+    mark is backslash-escaped (``~~`` strikes nothing, ``#`` heads nothing, ``<b>`` is text), a
+    line break stays a line break, and a line's leading spaces are kept as no-break spaces (four
+    of them would start a code block). Fed piece by piece as a reply streams: ``feed(piece)``
+    returns that piece escaped; the pieces joined are ``escape(text)``."""
+
+    def __init__(self) -> None:
+        self.line_start = True
+
+    def feed(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if ch == "\n":
+                out.append("  \n")  # a hard line break: two spaces, then the newline
+                self.line_start = True
+                continue
+            if self.line_start and ch in " \t":
+                out.append("\u00a0" * (4 if ch == "\t" else 1))
+                continue
+            self.line_start = False
+            out.append("\\" + ch if ch in _PUNCT else ch)
+        return "".join(out)
+
+
+def escape_markdown(text: str) -> str:
+    """``text`` shown as typed: see ``Escaper``."""
+    return Escaper().feed(text)
+
+
+def has_weights(model: str | Path) -> bool | None:
+    """Whether a local model folder holds weights (*.safetensors or *.bin); None for a name that
+    is not a folder here (a hub id, or a server elsewhere: unknown)."""
+    p = Path(str(model)).expanduser()
+    if not p.is_dir():
+        return None
+    return any(p.glob("*.safetensors")) or any(p.glob("*.bin"))
+
+
+def dummy_weights(serve_yaml: dict, here: Path | None = None) -> bool:
+    """A deployment that serves no real weights: ``load-format: dummy``, or a model folder
+    without weight files (vLLM refuses that one unless told dummy)."""
+    fmt = serve_yaml.get("load-format", serve_yaml.get("load_format"))
+    if fmt == "dummy":
+        return True
+    model = serve_yaml.get("model")
+    if not model:
+        return False
+    path = Path(str(model))
+    if here is not None and not path.is_absolute() and (here / path).is_dir():
+        path = here / path
+    return has_weights(path) is False
 
 
 # --------------------------------------------------------------------------- Prometheus text
@@ -320,6 +401,8 @@ def panel_props(
         "model": model or cfg.model or "",
         "rows": panel_rows(state, rates or {}, cfg.window_s) if state else [],
         "updated": time.strftime("%H:%M:%S"),
+        "notice": DUMMY_NOTICE if cfg.dummy_weights else "",
+        "max_tokens": cfg.max_tokens or 0,
     }
 
 
@@ -570,8 +653,9 @@ def explain(err: ChatError, cfg: ChatConfig) -> str:
     if err.kind == "max_tokens":
         return (
             "**The reply cap (`--max-tokens`) is larger than the model's context.** The server "
-            f"refused it: {err.detail}\n\nRestart the chat with a smaller `--max-tokens`, or "
-            "without it (the server then allows what is left of the context)."
+            f"refused it: {err.detail}\n\nLower it in the settings (the gear by the message box;"
+            " 0: the server then allows what is left of the context), or restart the chat with"
+            " a smaller `--max-tokens`."
         )
     if err.kind == "interrupted":
         got = len(err.partial)
@@ -627,28 +711,75 @@ def prepare_app_root(root: Path, cfg: ChatConfig) -> Path:
     (root / "chainlit.md").write_text(
         "# tunebook chat\n\n"
         f"Chat with `{cfg.label or cfg.url}` through vLLM's OpenAI-compatible API ({cfg.url}).\n\n"
-        "Each reply ends with its time to first token (TTFT), token count and decode rate. The "
-        "side panel is the server's own state, read from its Prometheus endpoint "
-        f"({', '.join(cfg.metrics)}) every {cfg.refresh_s:g} s.\n"
+        "Each reply ends with its time to first token (TTFT), token count and decode rate, and "
+        "stops at the reply cap ("
+        + (f"{cfg.max_tokens} tokens" if cfg.max_tokens else "none: the server's limit")
+        + "; the settings by the message box change it). The model's text is shown as "
+        "typed, not as Markdown. The side panel is the server's own state, read from its "
+        f"Prometheus endpoint ({', '.join(cfg.metrics)}) every {cfg.refresh_s:g} s.\n"
+        + (f"\n**{DUMMY_NOTICE}**\n" if cfg.dummy_weights else "")
     )
     return root
 
 
+# Ctrl-C at any moment: each process is recorded for the stop as it is started (a signal that
+# arrives while Popen runs waits for the record), before any wait on it.
+START_PHASES = ("server_spawned", "server_healthy", "app_spawned", "app_ready", "serving")
+_stop: dict = {"asked": None, "held": 0}
+
+
+def _on_signal(signum, frame):
+    _stop["asked"] = signum
+    if not _stop["held"]:
+        raise KeyboardInterrupt
+
+
+class _held:
+    """A block a stop must not cut in half (a process started and recorded): a signal that
+    arrives inside it stops right after it."""
+
+    def __enter__(self):
+        _stop["held"] += 1
+
+    def __exit__(self, *exc):
+        _stop["held"] -= 1
+        if _stop["asked"] is not None and not _stop["held"] and exc[0] is None:
+            raise KeyboardInterrupt
+
+
+def _phase(name: str) -> None:
+    """A moment of the start; with ``TUNEBOOK_SIGNAL_AT=<name>`` the command sends itself SIGINT
+    there, as Ctrl-C in its terminal would (the tests interrupt at each phase this way)."""
+    if os.environ.get(SIGNAL_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _spawn(cmd: list[str], log_path: Path, env: dict, on_spawn, cwd=None) -> subprocess.Popen:
+    """Popen in a process group of its own, recorded by ``on_spawn`` before anything else."""
+    with _held(), open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+        )
+        if on_spawn is not None:
+            on_spawn(proc)
+    return proc
+
+
 def start_server(
-    config: Path, port: int, log_path: Path, timeout_s: float, out=print
+    config: Path, port: int, log_path: Path, timeout_s: float, out=print, on_spawn=None
 ) -> tuple[subprocess.Popen, str]:
     """``vllm serve --config`` on 127.0.0.1:port with the deployment's environment, as
-    tunebook.deploy.serve starts it; returns the process (its own group) once /health answers."""
+    tunebook.deploy.serve starts it; returns the process (its own group) once /health answers.
+    ``on_spawn(proc)`` records it the moment it exists (the caller stops it on Ctrl-C)."""
     base = f"http://127.0.0.1:{port}"
     cmd = flags.vllm_command(config, "--host", "127.0.0.1", "--port", str(port))
     env = {**os.environ, **serve.load_env(config), "PYTHONUNBUFFERED": "1"}
     out(f"[chat] starting vllm serve --config {config} --port {port}  (log: {log_path})")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    proc = _spawn(cmd, log_path, env, on_spawn)
     try:
+        _phase("server_spawned")
         waited = serve.wait_healthy(base, proc, timeout_s)
+        _phase("server_healthy")
     except BaseException:
         serve.stop(proc)
         raise
@@ -657,35 +788,52 @@ def start_server(
 
 
 def start_app(
-    cfg: ChatConfig, host: str, port: int, root: Path, log_path: Path, timeout_s: float = 120.0
+    cfg: ChatConfig,
+    host: str,
+    port: int,
+    root: Path,
+    log_path: Path,
+    timeout_s: float = 120.0,
+    on_spawn=None,
 ) -> subprocess.Popen:
-    """The Chainlit app in its own process group; returns once its page answers."""
+    """The Chainlit app in its own process group; returns once its page answers. ``on_spawn``
+    records the process the moment it exists: a Ctrl-C while it starts stops it too."""
     env = {**os.environ, **cfg.to_env(), "CHAINLIT_APP_ROOT": str(root), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "chainlit", "run", str(APP_FILE), "--headless"]
     cmd += ["--host", host, "--port", str(port)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=root,
-            start_new_session=True,
+    proc = _spawn(cmd, log_path, env, on_spawn, cwd=root)
+    try:
+        _phase("app_spawned")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"chainlit exited with code {proc.returncode}:\n{tail}")
+            if _answers(f"http://{host}:{port}/"):
+                _phase("app_ready")
+                return proc
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"the chat app did not answer within {timeout_s:.0f} s (log: {log_path})"
         )
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"chainlit exited with code {proc.returncode}:\n{tail}")
-        if _answers(f"http://{host}:{port}/"):
-            return proc
-        time.sleep(0.5)
-    serve.stop(proc, grace_s=10.0)
-    raise TimeoutError(f"the chat app did not answer within {timeout_s:.0f} s (log: {log_path})")
+    except BaseException:
+        serve.stop(proc, grace_s=10.0)
+        raise
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def can_listen(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now, as vLLM's and Chainlit's (uvicorn) do:
+    with SO_REUSEADDR, so a port whose last server just stopped (connections in TIME_WAIT) is
+    free, as it is for them."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -713,7 +861,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="port of the deployment (default: serve.yaml's, else 8000; a free one if taken)",
     )
-    ap.add_argument("--max-tokens", type=int, default=None, help="cap on each reply")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"cap on each reply, tokens (default {DEFAULT_MAX_TOKENS}; 0: none, the server's"
+        " own limit; the page's settings change it per chat)",
+    )
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--refresh", type=float, default=2.0, help="panel refresh, seconds")
@@ -730,99 +884,150 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs = Path(args.log_dir or tempfile.mkdtemp(prefix="tunebook-chat-"))
     logs.mkdir(parents=True, exist_ok=True)
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    server: subprocess.Popen | None = None
-    app: subprocess.Popen | None = None
+    # Ctrl-C and SIGTERM raise KeyboardInterrupt from here on, also where SIGINT came ignored
+    # (a job started with `cmd &` by a script); every process is recorded as it starts.
+    _stop.update(asked=None, held=0)
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs: dict[str, subprocess.Popen] = {}
     root = Path(tempfile.mkdtemp(prefix="app-", dir=logs))
     try:
-        if args.url:
-            base, label = api_base(args.url), args.url
-            if not _answers(server_root(base) + "/health"):
-                print(f"[chat] nothing answers at {base} yet; the chat connects when it does")
-        else:
-            import yaml
-
-            try:
-                config = _deployment_yaml(args.deployment)
-            except FileNotFoundError as e:
-                print(f"tunebook.chat: error: {e}", file=sys.stderr)
-                return 2
-            ycfg = yaml.safe_load(config.read_text()) or {}
-            label = str(config.parent)
-            port = args.server_port or int(ycfg.get("port") or 8000)
-            here = f"http://127.0.0.1:{port}"
-            served: set[str] = set()
-            if _answers(f"{here}/health"):
-                try:
-                    served = {m["id"] for m in _get_json(f"{here}/v1/models").get("data", [])}
-                except (urllib.error.URLError, OSError, ValueError, KeyError):
-                    pass
-            if served & _deployment_names(ycfg):
-                base = here + "/v1"
-                print(f"[chat] using the server already running at {here} ({', '.join(served)})")
-            else:
-                if not port_free(port, "127.0.0.1"):
-                    if args.server_port:
-                        print(f"tunebook.chat: error: port {port} is taken", file=sys.stderr)
-                        return 2
-                    port = free_port()
-                try:
-                    server, base = start_server(config, port, logs / "serve.log", args.timeout)
-                except (RuntimeError, TimeoutError) as e:
-                    log = logs / "serve.log"
-                    tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
-                    print(f"tunebook.chat: error: {e}\n{tail}", file=sys.stderr)
-                    return 1
-                base += "/v1"
-        cfg = ChatConfig(
-            url=base,
-            metrics=args.metrics,
-            model=args.model,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            refresh_s=args.refresh,
-            window_s=args.window,
-            label=label,
-        )
-        prepare_app_root(root, cfg)
-        if not port_free(args.port, args.host):
-            print(f"tunebook.chat: error: port {args.port} is taken (--port)", file=sys.stderr)
-            return 2
-        try:
-            app = start_app(cfg, args.host, args.port, root, logs / "chat.log")
-        except (RuntimeError, TimeoutError) as e:
-            print(f"tunebook.chat: error: {e}", file=sys.stderr)
-            return 1
-        print(f"[chat] open http://{args.host}:{args.port}  (server {cfg.url}; logs {logs})")
-        print("[chat] Ctrl-C stops the chat" + (" and the server it started" if server else ""))
-        warned = False
-        while app.poll() is None:
-            if server is not None and server.poll() is not None and not warned:
-                print(
-                    f"[chat] the server exited (code {server.returncode}; log {logs / 'serve.log'});"
-                    " the chat stays up and reconnects when a server answers at " + cfg.url
-                )
-                warned = True
-            time.sleep(1.0)
-        print(f"[chat] the chat app exited (code {app.returncode}; log {logs / 'chat.log'})")
-        return 1
+        return _run(args, logs, root, procs)
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup
-        if app is not None:
-            serve.stop(app, grace_s=10.0)
-        if server is not None:
-            code = server.poll()
-            sd = serve.stop(server)  # also when it exited: its group may still hold workers
-            if code is not None:
+        for s in old:  # a second Ctrl-C or SIGTERM must not cut the cleanup
+            signal.signal(s, signal.SIG_IGN)
+        warned = procs.pop("server_exited", None) is not None
+        if "app" in procs:
+            serve.stop(procs["app"], grace_s=10.0)
+        if "server" in procs:
+            code = procs["server"].poll()
+            sd = serve.stop(procs["server"])  # also when it exited: its group may hold workers
+            if warned:
                 print(f"[chat] the server had exited (code {code}); its process group is gone")
             else:
                 how = "clean" if sd["clean"] else "killed"
                 print(f"[chat] server stopped: {how} in {sd['stop_s']:.1f} s")
         shutil.rmtree(root, ignore_errors=True)  # Chainlit's config, uploads and session files
-        signal.signal(signal.SIGTERM, old_term)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _served_root_has_weights(base: str) -> bool | None:
+    """Whether the model a running server serves (its /v1/models ``root``, a folder here) has
+    weights; None where that cannot be told."""
+    try:
+        models = _get_json(server_root(base) + "/v1/models").get("data") or []
+        return has_weights(models[0]["root"]) if models and models[0].get("root") else None
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _run(args, logs: Path, root: Path, procs: dict) -> int:
+    """The command after its arguments: the server (reused or started), the app, then wait.
+    ``procs`` gets each process the moment it starts (``main`` stops them)."""
+    dummy = False
+    if args.url:
+        base, label = api_base(args.url), args.url
+        if not _answers(server_root(base) + "/health"):
+            print(f"[chat] nothing answers at {base} yet; the chat connects when it does")
+        else:
+            dummy = _served_root_has_weights(base) is False
+    else:
+        import yaml
+
+        try:
+            config = _deployment_yaml(args.deployment)
+        except FileNotFoundError as e:
+            print(f"tunebook.chat: error: {e}", file=sys.stderr)
+            return 2
+        ycfg = yaml.safe_load(config.read_text()) or {}
+        label = str(config.parent)
+        dummy = dummy_weights(ycfg, config.parent)
+        asked = args.server_port or int(ycfg.get("port") or 8000)
+        port = asked
+        here = f"http://127.0.0.1:{port}"
+        served: set[str] = set()
+        if _answers(f"{here}/health"):
+            try:
+                served = {m["id"] for m in _get_json(f"{here}/v1/models").get("data", [])}
+            except (urllib.error.URLError, OSError, ValueError, KeyError):
+                pass
+        if served & _deployment_names(ycfg):
+            base = here + "/v1"
+            print(f"[chat] using the server already running at {here} ({', '.join(served)})")
+        else:
+            if not can_listen(port, "127.0.0.1"):
+                if args.server_port:
+                    print(f"tunebook.chat: error: port {port} is taken", file=sys.stderr)
+                    return 2
+                port = free_port()
+                what = f"serves {', '.join(sorted(served))}" if served else "is another program"
+                print(
+                    f"[chat] port {asked} is taken (what listens there {what}, not this"
+                    f" deployment): its server starts on port {port} instead"
+                    " (--server-port chooses one)"
+                )
+            try:
+                _, base = start_server(
+                    config,
+                    port,
+                    logs / "serve.log",
+                    args.timeout,
+                    on_spawn=lambda p: procs.__setitem__("server", p),
+                )
+            except (RuntimeError, TimeoutError) as e:
+                log = logs / "serve.log"
+                tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
+                print(f"tunebook.chat: error: {e}\n{tail}", file=sys.stderr)
+                return 1
+            base += "/v1"
+    if dummy:
+        print(f"[chat] {DUMMY_NOTICE}")
+    cfg = ChatConfig(
+        url=base,
+        metrics=args.metrics,
+        model=args.model,
+        max_tokens=args.max_tokens or None,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        refresh_s=args.refresh,
+        window_s=args.window,
+        label=label,
+        dummy_weights=dummy,
+    )
+    prepare_app_root(root, cfg)
+    if not can_listen(args.port, args.host):
+        print(f"tunebook.chat: error: port {args.port} is taken (--port)", file=sys.stderr)
+        return 2
+    try:
+        app = start_app(
+            cfg,
+            args.host,
+            args.port,
+            root,
+            logs / "chat.log",
+            on_spawn=lambda p: procs.__setitem__("app", p),
+        )
+    except (RuntimeError, TimeoutError) as e:
+        print(f"tunebook.chat: error: {e}", file=sys.stderr)
+        return 1
+    server = procs.get("server")
+    print(f"[chat] open http://{args.host}:{args.port}  (server {cfg.url}; logs {logs})")
+    cap = f"{cfg.max_tokens} tokens" if cfg.max_tokens else "none (the server's limit)"
+    print(f"[chat] reply cap (max_tokens): {cap}; the page's settings change it")
+    print("[chat] Ctrl-C stops the chat" + (" and the server it started" if server else ""))
+    _phase("serving")
+    while app.poll() is None:
+        if server is not None and server.poll() is not None and "server_exited" not in procs:
+            print(
+                f"[chat] the server exited (code {server.returncode}; log {logs / 'serve.log'});"
+                " the chat stays up and reconnects when a server answers at " + cfg.url
+            )
+            procs["server_exited"] = server.returncode
+        time.sleep(1.0)
+    print(f"[chat] the chat app exited (code {app.returncode}; log {logs / 'chat.log'})")
+    return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ from the environment that command sets (``tunebook.deploy.chat.ChatConfig``).
 Per browser session: the conversation so far (sent with every message), a streamed reply with its
 statistics, and a side panel refreshed from the server's /metrics by a background task. A failed
 reply leaves the conversation as it was, so the next message works once the server is back.
+
+The model's text is shown as text (``chat.Escaper``: its Markdown does not format), each reply is
+capped at ``max_tokens`` (the command's ``--max-tokens``, changed per chat in the page's settings,
+0 for none), and a model with dummy weights says so in the panel and under each reply.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import chainlit as cl
 import httpx
 from chainlit.config import config
 from chainlit.context import context
+from chainlit.input_widget import Slider
 from chainlit.session import WebsocketSession
 
 from tunebook.deploy import chat
@@ -91,9 +96,34 @@ async def _refresh(panel: cl.CustomElement) -> None:
     _gone.pop(session.id, None)
 
 
+MAX_TOKENS_MAX = 4096  # the settings slider's end (a reply of more is rare in a chat)
+
+
+def settings_widgets() -> list:
+    """The page's settings (the gear by the message box): the reply cap."""
+    return [
+        Slider(
+            id="max_tokens",
+            label="Reply cap (max_tokens; 0: none, the server's limit)",
+            initial=CFG.max_tokens or 0,
+            min=0,
+            max=max(MAX_TOKENS_MAX, CFG.max_tokens or 0),
+            step=16,
+            description="Each reply stops after this many tokens.",
+        )
+    ]
+
+
+@cl.on_settings_update
+async def on_settings_update(settings: dict):
+    cl.user_session.set("max_tokens", int(settings.get("max_tokens") or 0))
+
+
 @cl.on_chat_start
 async def on_chat_start():
     cl.user_session.set("history", [])
+    cl.user_session.set("max_tokens", CFG.max_tokens or 0)
+    await cl.ChatSettings(settings_widgets()).send()
     panel = cl.CustomElement(
         name=chat.PANEL_NAME, props=chat.panel_props(CFG, None), display="inline"
     )
@@ -118,11 +148,15 @@ async def on_message(message: cl.Message):
     reply = cl.Message(content="")
     stats = chat.ReplyStats()
     text: list[str] = []
+    shown = chat.Escaper()  # the model's text as text: its Markdown does not format
     try:
-        body = chat.request_body(CFG, await model_name(), messages)
+        cap = cl.user_session.get("max_tokens")
+        body = chat.request_body(
+            CFG, await model_name(), messages, max_tokens=CFG.max_tokens if cap is None else cap
+        )
         async for piece in chat.stream_chat(client(), CFG.url, body, stats):
             text.append(piece)
-            await reply.stream_token(piece)
+            await reply.stream_token(shown.feed(piece))
     except chat.ChatError as e:
         log.warning("reply failed: %s", e)
         if e.kind in ("no_server", "interrupted"):
@@ -132,6 +166,7 @@ async def on_message(message: cl.Message):
             await reply.send()
         await cl.ErrorMessage(content=chat.explain(e, CFG)).send()
         return
-    reply.content = "".join(text) + f"\n\n*{stats.line()}*"
+    dummy = " · dummy weights: random text by design" if CFG.dummy_weights else ""
+    reply.content = chat.escape_markdown("".join(text)) + f"\n\n*{stats.line()}{dummy}*"
     await reply.send()
     history += [messages[-1], {"role": "assistant", "content": "".join(text)}]

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from tunebook.core.results import IDENT
 from tunebook.engine import flags
 from tunebook.topics import assemble
+from tunebook.topics.plots import config_colours
 
 
 def pd_is_numeric(col) -> bool:
@@ -55,9 +56,9 @@ def evidence_bars(
     g = ok.groupby("config", sort=False)[metric]
     med, lo, hi, n = g.median(), g.min(), g.max(), g.count()
     names = [str(c) for c in med.index]
-    colors = [
-        "#2a9d8f" if c == chosen else "#8d99ae" if c == reference else "#457b9d" for c in names
-    ]
+    # the run's colours: the reference is vLLM's default, the kept or chosen value "chosen"
+    roles = {str(reference): "default", **({str(chosen): "chosen"} if chosen else {})}
+    colors = list(config_colours(names, roles).values())
     labels = [
         f"{c}{' (default)' if c == reference else ''}{' (chosen)' if c == chosen else ''}"
         for c in names
@@ -86,19 +87,26 @@ def evidence_bars(
     return fig
 
 
-def ratio_bars(table, reference: str = "default", title: str = ""):
-    """Validation: each config's median over the reference's median, per metric, min/max as whiskers."""
+def ratio_bars(
+    table, reference: str = "default", title: str = "", labels: dict[str, str] | None = None
+):
+    """Validation: each config's median over the reference's median, per metric, min/max as
+    whiskers; each configuration in its colour of the run, named in the legend (``labels``:
+    config -> legend text)."""
     fig = go.Figure()
     ref_col = f"ratio vs {reference}"
     ref = table[table["config"] == reference].set_index("metric")
-    for cfg in [c for c in dict.fromkeys(table["config"]) if c != reference]:
+    configs = [c for c in dict.fromkeys(table["config"]) if c != reference]
+    colours = config_colours([str(c) for c in configs])
+    for cfg in configs:
         t = table[table["config"] == cfg].set_index("metric")
         t = t[t.index.isin(ref.index)]
         r = ref.loc[t.index, "median"]
         fig.add_bar(
             x=list(t.index),
             y=t[ref_col].tolist() if ref_col in t else (t["median"] / r).tolist(),
-            name=str(cfg),
+            name=(labels or {}).get(str(cfg), str(cfg)),
+            marker_color=colours[str(cfg)],
             error_y=dict(
                 type="data",
                 symmetric=False,
@@ -106,12 +114,13 @@ def ratio_bars(table, reference: str = "default", title: str = ""):
                 arrayminus=((t["median"] - t["min"]) / r).tolist(),
             ),
         )
-    fig.add_hline(y=1.0, line_dash="dot")
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text=f"{reference} = 1")
     fig.update_layout(
         title=title,
         barmode="group",
         yaxis_title=f"median / {reference}'s median",
         template="plotly_white",
+        showlegend=True,  # one configuration is a series too: the legend names it
     )
     return fig
 

@@ -21,9 +21,11 @@ import math
 
 from tunebook.core import claims
 from tunebook.core.errors import ConfigError
-from tunebook.core.metrics import compare, spread
+from tunebook.core.metrics import compare, slo_text, spread
 from tunebook.core.model import ModelShape
 from tunebook.core.results import point_row
+from tunebook.engine.host import device_memory_bytes
+from tunebook.topics.plots import config_colours, log_ticks
 from tunebook.topics.roofline import decode_floor_ms
 
 
@@ -99,8 +101,6 @@ def lever_configs(
 
 
 def setup_text(platform: str, vllm: str, model: str, slo: dict, configs: dict, card: tuple) -> str:
-    from tunebook.core.metrics import slo_text
-
     peak, bw, source = card
     return "\n".join(
         [
@@ -375,37 +375,105 @@ def client_text(cap) -> str:
 
 
 # --------------------------------------------------------------------------- plots
-def capacity_figure(rank: list[dict], title: str = "Capacity under the SLO"):
+def _replicas(config: str) -> int:
+    """N of a ``replicas=N...`` configuration name (1 for any other)."""
+    import re
+
+    m = re.search(r"replicas=(\d+)", str(config))
+    return int(m.group(1)) if m else 1
+
+
+def machine_bound(rank: list[dict], platform: str | None) -> list[str]:
+    """The configurations that lost because of the machine: replicas below the default on a CPU,
+    where every replica, the router and the load generator share its few cores."""
+    if platform != "cpu":
+        return []
+    return [
+        r["config"] for r in rank if _replicas(r["config"]) > 1 and (r.get("vs_default") or 0) < 1
+    ]
+
+
+def machine_note(rank: list[dict], platform: str | None, cpu_count: int | None) -> str:
+    """Why replicas lost here, where the machine is the reason (``machine_bound``); "" where
+    that does not apply."""
+    lost = machine_bound(rank, platform)
+    if not lost:
+        return ""
+    cores = f"{cpu_count} cores" if cpu_count else "a few cores"
+    ratios = {r["config"]: r.get("vs_default") or 0 for r in rank}
+    each = ", ".join(f"{c} ({ratios[c]:.2f}x the default)" for c in lost)
+    return (
+        f"lost because of the machine: {each} ran {'its' if len(lost) == 1 else 'their'} servers,"
+        f" vllm-router and the load generator on one CPU with {cores}, all sharing them; on a GPU"
+        " each replica has its own share of the device"
+    )
+
+
+def capacity_figure(
+    rank: list[dict],
+    title: str = "Capacity under the SLO",
+    platform: str | None = None,
+    cpu_count: int | None = None,
+):
+    """Sustained capacity per configuration (median bar, min-max over starts), each in its
+    colour of the run, labelled with its ratio to the default. ``platform`` and ``cpu_count``
+    (default: this machine's) let the chart say when replicas lost because of the machine
+    (replicas sharing a CPU's two cores)."""
+    import os
+
     import plotly.graph_objects as go
 
+    # plotly (plots imports it) only where a chart is drawn: the module's text helpers go without
+    if platform is None:
+        # this machine's device, asked only when the caller does not say (nvidia-smi)
+        platform = device_memory_bytes()[0]
+        cpu_count = cpu_count or os.cpu_count()
+    note = machine_note(rank, platform, cpu_count)
+    lost = machine_bound(rank, platform)
     names = [r["config"] for r in rank]
     med = [r["capacity_median"] for r in rank]
+    colours = config_colours(names)
+    text = [
+        f"{r.get('vs_default', 1):.2f}x" + (" (the machine)" if r["config"] in lost else "")
+        for r in rank
+    ]
     fig = go.Figure(
         go.Bar(
             x=names,
             y=med,
+            marker_color=[colours[n] for n in names],
             error_y={
                 "type": "data",
                 "symmetric": False,
                 "array": [r["capacity_max"] - r["capacity_median"] for r in rank],
                 "arrayminus": [r["capacity_median"] - r["capacity_min"] for r in rank],
             },
-            text=[f"{r.get('vs_default', 1):.2f}x" for r in rank],
+            text=text,
+            name="capacity",
         )
     )
+    import textwrap
+
+    sub = "<br>".join(f"<sup>{line}</sup>" for line in textwrap.wrap(note, 120))
     fig.update_layout(
-        title=title,
+        title=title + (f"<br>{sub}" if note else ""),
         xaxis_title="configuration",
         yaxis_title="capacity (req/s), median and min-max over starts",
+        template="plotly_white",
     )
+    if note:  # room for the note's lines between the title and the plot
+        lines = sub.count("<br>") + 1
+        fig.update_layout(margin={"t": 90 + 26 * lines}, height=450 + 26 * lines)
     return fig
 
 
 def curve_figure(curves, title: str = "Goodput against the offered rate"):
     import plotly.graph_objects as go
 
+    # plotly (plots imports it) only where a chart is drawn: the module's text helpers go without
     fig = go.Figure()
     if len(curves):
+        colours = config_colours([str(c) for c in dict.fromkeys(curves["config"])])
         for (cfg, rep), g in curves.groupby(["config", "repeat"]):
             g = g.sort_values("offered_rps")
             fig.add_trace(
@@ -415,19 +483,31 @@ def curve_figure(curves, title: str = "Goodput against the offered rate"):
                     mode="lines+markers",
                     name=f"{cfg} r{rep}",
                     legendgroup=str(cfg),
+                    line={"color": colours[str(cfg)]},
                 )
             )
+        lo = float(curves["offered_rps"][curves["offered_rps"] > 0].min())
         hi = float(curves["offered_rps"].max())
         fig.add_trace(
             go.Scatter(
-                x=[0, hi], y=[0, hi], mode="lines", name="goodput = offered", line={"dash": "dot"}
+                x=[lo, hi],
+                y=[lo, hi],
+                mode="lines",
+                name="goodput = offered",
+                line={"dash": "dot", "color": "#999999"},
             )
         )
+        good = [v for v in curves["goodput_rps"] if v and v > 0]
+        fig.update_xaxes(**log_ticks(curves["offered_rps"], measured=False))
+        fig.update_yaxes(**log_ticks([*good, lo, hi], measured=False))
+    else:
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
     fig.update_layout(
         title=title,
         xaxis_title="offered rate (req/s, Poisson)",
         yaxis_title="goodput (req/s within the SLO)",
-        xaxis_type="log",
-        yaxis_type="log",
+        template="plotly_white",
+        showlegend=True,
     )
     return fig

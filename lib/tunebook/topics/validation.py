@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tunebook.core.metrics import slo_text
 from tunebook.core.results import load_sweep
 from tunebook.core.scenarios import SCENARIOS, Scenario
 from tunebook.deploy import writers
@@ -69,8 +70,6 @@ def environment_text(out_dir: Path, validation_mode: str, sc: Scenario, saved_on
 
 
 def setup_text(sc: Scenario, slo: dict, env_text: str, model: str) -> str:
-    from tunebook.core.metrics import slo_text
-
     return "\n".join(
         [
             f"scenario: {sc.name} ({sc.title})",

@@ -1,12 +1,16 @@
-"""Device time of a run: GPU-seconds per notebook, and where they went.
+"""Device time of a run: device-seconds per notebook (GPU-seconds on a GPU), and where they went.
 
-A notebook holds the device for its whole wall time, so its GPU-seconds (device-seconds) are its
-wall time, summed over every call of the runner (``run.json``: a resumed notebook has several).
+A notebook holds the device for its whole wall time, so its device-seconds are its wall time, summed over every call of the runner (``run.json``: a resumed notebook has several).
 That time splits into the phases of its points (``seconds`` in every point file: engine start,
 including an isolated child's process start and the engine's teardown; warm-up; measurement)
 and idle: the wall time spent in none of them (kernel start, imports, arithmetic, charts, writing).
 The runner's own seconds outside the notebooks (its start-up, the profile check that imports
-vLLM, the report) are a row of their own, from ``run.json``'s ``runner`` record.
+vLLM, the report) are a row of their own, from ``run.json``'s ``runner`` record; read by the
+runner itself while it writes the report, that row counts up to the moment of reading, so the
+report and this command agree.
+
+A run's words follow its device (``seconds_label``): GPU-seconds on a GPU, device-seconds
+elsewhere (a CPU run holds no GPU).
 
 Older run folders have points without ``seconds`` and a ``run.json`` holding the last call only;
 there the figures are estimated (engine start from ``engine_start_s``, measurement from the
@@ -17,10 +21,13 @@ runs' ``duration_s``, warm-up as the rest of ``wall_s``) and each row says which
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 import re
 import statistics
+import time
+from collections import Counter
 from pathlib import Path
 
 from tunebook.core.errors import ConfigError
@@ -41,6 +48,33 @@ LABELS = {
     "measure": "measurement",
     "idle": "idle",
 }
+
+
+GPU_PLATFORMS = ("cuda", "rocm", "xpu")
+
+
+def run_platform(run_dir: str | Path) -> str | None:
+    """The platform most of a run's points ran on ('cuda', 'cpu', ...; their ``env``), or None."""
+    run_dir = Path(run_dir)
+    seen: Counter = Counter()
+    folders = sorted(x for x in run_dir.iterdir() if x.is_dir()) if run_dir.is_dir() else []
+    for d in folders:
+        for p in point_files(d):
+            if platform := (p.get("env") or {}).get("platform"):
+                seen[str(platform)] += 1
+    return seen.most_common(1)[0][0] if seen else None
+
+
+def seconds_label(platform: str | None) -> str:
+    """What a run's device time is called: GPU-seconds on a GPU, device-seconds elsewhere."""
+    return "GPU-seconds" if platform in GPU_PLATFORMS else "device-seconds"
+
+
+def device_name(platform: str | None) -> str:
+    """The device a run held, in a word: 'GPU', 'CPU', or 'device' when unknown."""
+    if platform in GPU_PLATFORMS:
+        return "GPU"
+    return "CPU" if platform == "cpu" else "device"
 
 
 def point_files(folder: Path) -> list[dict]:
@@ -93,7 +127,7 @@ def notebook_calls(state: dict, notebook: str) -> tuple[list[dict], bool]:
 def notebook_cost(
     run_dir: str | Path, notebook: str, state: dict | None = None, running_s: float = 0.0
 ) -> dict:
-    """GPU-seconds of one notebook of a run, split into engine start, warm-up, measurement, idle.
+    """Device-seconds of one notebook of a run, split into engine start, warm-up, measurement, idle.
 
     ``running_s`` adds the wall time of a call still in progress (a notebook's own last cell).
     """
@@ -153,8 +187,10 @@ def read_state(run_dir: str | Path) -> dict:
         return {}
 
 
-def run_cost(run_dir: str | Path) -> list[dict]:
-    """One row per notebook of the run (those run, then any other folder holding points)."""
+def run_cost(run_dir: str | Path, now: float | None = None) -> list[dict]:
+    """One row per notebook of the run (those run, then any other folder holding points), and
+    the runner's own row (``runner_cost``, its live seconds up to ``now`` where this process is
+    the runner)."""
 
     run_dir = Path(run_dir)
     state = read_state(run_dir)
@@ -165,21 +201,47 @@ def run_cost(run_dir: str | Path) -> list[dict]:
     order = {n: i for i, n in enumerate(NOTEBOOKS)}
     names.sort(key=lambda n: (order.get(n, len(order)), n))
     rows = [notebook_cost(run_dir, n, state) for n in names]
-    runner = runner_cost(state)
+    runner = runner_cost(state, now)
     return rows + [runner] if runner else rows
 
 
 RUNNER_ROW = "runner, outside notebooks"
 
 
-def runner_cost(state: dict) -> dict | None:
+def _this_process_start() -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil comes with vLLM; without it nothing is read as live
+        return None
+
+
+def live_seconds(proc: dict, now: float | None = None) -> float:
+    """A runner record's seconds; if this process is that runner, still running (it reads its
+    own record while it writes the report), its seconds up to ``now``. The runner started as
+    ``python -m tunebook run`` counts from its process start, recorded (to the second) in
+    ``started``; no other process has that start."""
+    recorded = float(proc.get("seconds") or 0.0)
+    began = _this_process_start()
+    try:
+        started = dt.datetime.fromisoformat(str(proc.get("started"))).timestamp()
+    except ValueError:
+        return recorded
+    if began is None or int(began) != int(started):
+        return recorded
+    return max(recorded, (time.time() if now is None else now) - began)
+
+
+def runner_cost(state: dict, now: float | None = None) -> dict | None:
     """The runner processes' own seconds outside the notebooks' calls (start-up, the profile
     check, the report, shut-down after a stop), as a row whose time is all idle; None for runs
-    whose ``run.json`` predates the record."""
+    whose ``run.json`` predates the record. The runner reading its own record (``live_seconds``)
+    counts its seconds up to ``now``."""
     procs = [p for p in state.get("runner") or [] if p.get("seconds") is not None]
     if not procs:
         return None
-    outside = sum(max(float(p["seconds"]) - float(p.get("notebook_s") or 0.0), 0.0) for p in procs)
+    outside = sum(max(live_seconds(p, now) - float(p.get("notebook_s") or 0.0), 0.0) for p in procs)
     return {
         "notebook": RUNNER_ROW,
         "calls": len(procs),
@@ -357,11 +419,12 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
-def table(rows: list[dict]) -> str:
-    """A text table: GPU-seconds per notebook and their split; estimated figures marked '~'."""
+def table(rows: list[dict], label: str = "GPU-seconds") -> str:
+    """A text table: device-seconds per notebook (``label``: ``seconds_label``) and their split;
+    estimated figures marked '~'."""
     if not rows:
         return "no notebooks and no points in this run folder"
-    cols = ["GPU-s", *(LABELS[c] for c in CATEGORIES), "points"]
+    cols = [label.replace("-seconds", "-s"), *(LABELS[c] for c in CATEGORIES), "points"]
     body = []
     for r in [*rows, total(rows)]:
         est = set(r["estimated"])
@@ -389,8 +452,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def figure(rows: list[dict], title: str = "GPU-seconds per notebook"):
-    """Stacked bars: each notebook's device time split into engine start, warm-up, measurement, idle."""
+def figure(rows: list[dict], title: str | None = None, label: str = "device-seconds"):
+    """Stacked bars: each notebook's device time split into engine start, warm-up, measurement,
+    idle (``label``: ``seconds_label`` of the run; the title says it unless given)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -403,9 +467,9 @@ def figure(rows: list[dict], title: str = "GPU-seconds per notebook"):
             hovertemplate="%{x}: %{y:.0f} s " + LABELS[c] + "<extra></extra>",
         )
     fig.update_layout(
-        title=title,
+        title=title or f"{label} per notebook",
         barmode="stack",
-        yaxis_title="device-seconds",
+        yaxis_title=label,
         template="plotly_white",
         legend_orientation="h",
     )
@@ -426,8 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps([*rows, total(rows)] if rows else [], indent=1))
     else:
-        print(f"run {run_dir.name}: device time (GPU-seconds = wall time holding the device)")
-        print(table(rows))
+        platform = run_platform(run_dir)
+        label = seconds_label(platform)
+        print(
+            f"run {run_dir.name}: device time ({label} = wall time holding the"
+            f" {device_name(platform)})"
+        )
+        print(table(rows, label))
         print()
         print(starts_table(starts(run_dir)))
         if text := compiles_text(compiles(run_dir)):
