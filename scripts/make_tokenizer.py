@@ -7,8 +7,18 @@ measured. The vocabulary has the model's size and its special ids (so every id t
 decodes), but it is learned from a synthetic corpus built here from a fixed seed: token statistics
 (characters per token, which words are whole tokens) are not the real tokenizer's.
 
-Layout, as in models/tiny-ernie: ``<pad> <s> </s> <unk>`` at ids 0..3 (placed at config.json's
-pad/bos/eos ids), the 256 byte symbols, then merges; byte-level, so any text round-trips.
+Two layouts, chosen by config.json's pad/bos/eos ids; byte-level either way, so any text
+round-trips:
+
+- **low** (ERNIE, models/tiny-ernie): ``<pad> <s> </s> <unk>`` at ids 0..3 (placed at config.json's
+  pad/bos/eos ids), the 256 byte symbols, then merges.
+- **high** (Qwen3, Llama 3: special ids after the ordinary vocabulary): the 256 byte symbols and
+  merges at ids 0 .. first-1, where ``first`` is the lowest special id; from ``first`` to the end
+  of the vocabulary, special tokens: the family's named ones at the offsets its published
+  tokenizer has them (``FAMILIES``: Qwen3's ``<|endoftext|> <|im_start|> <|im_end|>``, Llama 3's
+  ``<|begin_of_text|> <|end_of_text|>`` and chat headers), config.json's roles at their ids, and
+  reserved ones in between, so every id the model can emit decodes. The family's chat template
+  (ChatML for Qwen3, Llama 3's headers); a model_type without one gets ERNIE's.
 
     python scripts/make_tokenizer.py                                # models/ernie-4.5-0.3b-pt
     python scripts/make_tokenizer.py --model <folder or name under models/> [--out DIR]
@@ -50,6 +60,45 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant: {% endif %}"
 )
+
+# The high layout: special ids from here up leave room for the 256 byte symbols and a merge.
+MIN_HIGH_ID = 257
+QWEN3_CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+# By model_type: the published tokenizer's special tokens by offset from the first special id,
+# the name of its reserved ones ({k}: their count so far), its chat template, and its pad token
+# where config.json names none.
+FAMILIES = {
+    "qwen3": {
+        "names": {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"},
+        "reserved": None,  # <reserved_ID>, as train() names its own
+        "chat_template": QWEN3_CHAT_TEMPLATE,
+        "pad": 0,
+    },
+    "llama": {
+        "names": {
+            0: "<|begin_of_text|>",
+            1: "<|end_of_text|>",
+            6: "<|start_header_id|>",
+            7: "<|end_header_id|>",
+            9: "<|eot_id|>",
+        },
+        "reserved": "<|reserved_special_token_{k}|>",
+        "chat_template": LLAMA3_CHAT_TEMPLATE,
+        "pad": None,
+    },
+}
 
 # ---------------------------------------------------------------------------------- the corpus
 # Hand-written text (the project's own words, not copied from elsewhere): the top of the Zipf
@@ -320,7 +369,9 @@ def special_tokens(config: dict) -> list[str]:
     if bad or len(given) != sum(i is not None for i in ids.values()):
         raise SystemExit(
             f"special ids {ids} in config.json: this script places <pad> <s> </s> <unk> at "
-            "distinct ids 0..3 (ERNIE's and the tiny model's layout); others are not supported"
+            "distinct ids 0..3 (ERNIE's and the tiny model's layout), or every special id at "
+            f"{MIN_HIGH_ID} or above, after the bytes and merges (Qwen3's and Llama's); a mix of "
+            "the two is not supported"
         )
     fill = iter([UNK] + [ROLES[r] for r in ROLES if ids[r] is None])
     return [given[i] if i in given else next(fill) for i in range(4)]
@@ -367,6 +418,86 @@ def tokenizer_config(config: dict, specials: list[str]) -> dict:
     }
 
 
+def role_ids(config: dict) -> dict[str, list[int]]:
+    """config.json's special ids by role (eos may be a list), the roles it names."""
+    out = {}
+    for role in ROLES:
+        v = config.get(role)
+        if v is None:
+            continue
+        ids = v if isinstance(v, list) else [v]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise SystemExit(f"{role} {v!r} in config.json: not a token id")
+        out[role] = ids
+    return out
+
+
+def is_high_layout(config: dict) -> bool:
+    """Every special id config.json names lies at MIN_HIGH_ID or above (Qwen3, Llama 3)."""
+    ids = [i for v in role_ids(config).values() for i in v]
+    return bool(ids) and min(ids) >= MIN_HIGH_ID
+
+
+def high_specials(config: dict, vocab_size: int) -> tuple[int, list[str]]:
+    """The high layout: the first special id, and the special tokens of ids first..vocab_size-1."""
+    roles = role_ids(config)
+    ids = sorted({i for v in roles.values() for i in v})
+    if ids[-1] >= vocab_size:
+        raise SystemExit(f"special id {ids[-1]} in config.json lies outside vocab {vocab_size}")
+    first = ids[0]
+    fam = FAMILIES.get(str(config.get("model_type")), {})
+    names = dict(fam.get("names") or {})
+    if names and max(names) >= vocab_size - first:
+        names = {}  # the family's tokens do not fit above the first special id: generic names
+    by_offset = dict(names)
+    for role, rids in roles.items():
+        for i in rids:
+            by_offset.setdefault(i - first, ROLES[role])
+    out, k = [], 0
+    for off in range(vocab_size - first):
+        if off in by_offset:
+            out.append(by_offset[off])
+            continue
+        pattern = fam.get("reserved") if names else None
+        out.append(pattern.format(k=k) if pattern else f"<reserved_{first + off}>")
+        k += 1
+    if len(set(out)) != len(out):
+        raise SystemExit(f"special tokens repeat a name: {sorted(set(out))[:8]} ...")
+    return first, out
+
+
+def high_tokenizer_config(config: dict, first: int, specials: list[str]) -> dict:
+    """tokenizer_config.json of the high layout: the role tokens at config.json's ids, the
+    family's chat template (ERNIE's where the family has none), no unk token (byte-level BPE
+    never needs one), no space clean-up."""
+    roles = role_ids(config)
+    fam = FAMILIES.get(str(config.get("model_type")), {})
+    named = bool(fam) and all(
+        off < len(specials) and specials[off] == name for off, name in fam["names"].items()
+    )
+    by_role = {r.replace("_id", ""): specials[ids[0] - first] for r, ids in roles.items()}
+    if "pad_token" not in by_role and named and fam.get("pad") is not None:
+        by_role["pad_token"] = specials[fam["pad"]]
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **{k: by_role[k] for k in ("bos_token", "eos_token", "pad_token") if k in by_role},
+        "model_max_length": int(config.get("max_position_embeddings", 4096)),
+        "clean_up_tokenization_spaces": False,
+        "chat_template": fam["chat_template"] if named else CHAT_TEMPLATE,
+    }
+
+
+def train_high(config: dict, vocab_size: int, lines: Iterator[str]) -> tuple[Tokenizer, list]:
+    """The high layout: bytes and merges up to the first special id, then the special tokens."""
+    first, specials = high_specials(config, vocab_size)
+    tok = train(first, [], lines)
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    placed = [tok.token_to_id(s) for s in specials]
+    if placed != list(range(first, vocab_size)) or tok.get_vocab_size() != vocab_size:
+        raise RuntimeError(f"special tokens landed at {placed[:4]}..., wanted {first}...")
+    return tok, specials
+
+
 def resolve(model: str) -> Path:
     p = Path(model)
     if not (p / "config.json").is_file():
@@ -390,14 +521,19 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = resolve(args.model)
     config = json.loads((model_dir / "config.json").read_text())
     vocab_size = args.vocab_size or int(config["vocab_size"])
-    specials = special_tokens(config)
+    high = is_high_layout(config)
+    specials = [] if high else special_tokens(config)
     out = args.out or model_dir
     out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    tok = train(vocab_size, specials, corpus(args.seed, args.scale))
+    if high:
+        tok, specials = train_high(config, vocab_size, corpus(args.seed, args.scale))
+        cfg = high_tokenizer_config(config, vocab_size - len(specials), specials)
+    else:
+        tok = train(vocab_size, specials, corpus(args.seed, args.scale))
+        cfg = tokenizer_config(config, specials)
     tok.save(str(out / "tokenizer.json"), pretty=False)  # compact: ~half the pretty size
-    cfg = tokenizer_config(config, specials)
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
     vocab = tok.get_vocab()
@@ -405,7 +541,8 @@ def main(argv: list[str] | None = None) -> None:
     zh = sum(any(0x4E00 <= ord(ch) < 0xA000 for ch in tok.decode([i])) for i in vocab.values())
     digest = hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16]
     print(
-        f"{out}: {tok.get_vocab_size()} tokens (specials {specials}), "
+        f"{out}: {tok.get_vocab_size()} tokens (specials {specials[:6]}"
+        f"{' ...' if len(specials) > 6 else ''}), "
         f"{zh} with Chinese, {one}/{len(CJK)} CJK ideographs one token each; "
         f"tokenizer.json {(out / 'tokenizer.json').stat().st_size / 1e6:.1f} MB "
         f"sha256 {digest}; {time.perf_counter() - t0:.0f} s",

@@ -3,6 +3,12 @@
 A verdict is data: claim id, verdict, the measured figure with its spread, and where it came from
 (notebook, sweep folder). Notebooks write theirs to ``<run_dir>/claims/<notebook>.json``; the
 assembly notebook and the README read them all.
+
+A claim's scope (``CLAIM_SCOPE``) says whether it is about the article's model (ERNIE-4.5-0.3B-PT
+on the article's card: its KV formula, its memory figures, its presets) or a question about vLLM's
+settings whose answer any model can give. On a run of another model, ``scoped`` turns the verdict
+of an article-model claim into "not about this model", naming the model; the generic questions
+keep the verdict the run measured.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tunebook.core.errors import ConfigError
+from tunebook.core.model import load_shape
 from tunebook.core.results import atomic_write_text
 
 CLAIMS = {
@@ -29,7 +37,40 @@ CLAIMS = {
     # Not the article's: the workbook's own hypothesis, tested because a small model is host-bound.
     "C14": "vLLM's default configuration serves a small model at (close to) its capacity",
 }
-VERDICTS = ("confirmed", "refuted", "partly", "not reproducible", "outdated", "inconclusive")
+NOT_ABOUT_THIS_MODEL = "not about this model"
+VERDICTS = (
+    "confirmed",
+    "refuted",
+    "partly",
+    "not reproducible",
+    "outdated",
+    "inconclusive",
+    NOT_ABOUT_THIS_MODEL,
+)
+
+# The article's model, and its family: the full shape (models/ernie-4.5-0.3b-pt) and the cpu
+# profile's tiny stand-in (models/tiny-ernie) share its config's model_type.
+ARTICLE_MODEL = "ernie-4.5-0.3b-pt"
+ARTICLE_MODEL_TYPE = "ernie4_5"
+ARTICLE = "article model"  # its figures are ERNIE-4.5-0.3B-PT's (and the article's card's)
+GENERIC = "generic"  # a question about vLLM's settings: its verdict stands for any model
+CLAIM_SCOPE = {
+    "C1": ARTICLE,  # the default configuration's figures for ERNIE on a 4090
+    "C2": ARTICLE,  # ERNIE's KV formula (its heads and layers)
+    "C3": GENERIC,
+    "C4": GENERIC,
+    "C5": GENERIC,
+    "C6": ARTICLE,  # ERNIE's memory before and after KV tuning
+    "C7": GENERIC,
+    "C8": GENERIC,
+    "C9": GENERIC,
+    "C10": GENERIC,
+    "C11": GENERIC,
+    "C12": GENERIC,
+    "C13": ARTICLE,  # presets by card memory, from ERNIE's weights
+    "C14": GENERIC,
+}
+assert set(CLAIM_SCOPE) == set(CLAIMS), "every claim has a scope"
 
 
 def verdict(
@@ -73,6 +114,47 @@ def headline(v: dict) -> str:
     return f"{v['claim']} {v['verdict']}: {v['text']}"
 
 
+def is_article_model(model: str | Path) -> bool:
+    """Whether ``model`` (a folder or a name under models/) is of the article's model's family,
+    by its config's model_type; a model whose config cannot be read is not."""
+    try:
+        return load_shape(model).model_type == ARTICLE_MODEL_TYPE
+    except ConfigError:
+        return False
+
+
+def scoped(v: dict, model: str | Path | None) -> dict:
+    """A verdict as it stands for a run of ``model``.
+
+    The model is recorded with the verdict. A claim about the article's model, judged on a run of
+    another model, becomes "not about this model": what the run measured stays in the figure,
+    ``measured_verdict`` and the note, which names both models. Generic claims, and every claim
+    on the article's model's family, keep their verdict. ``model`` None (not known): unchanged.
+    """
+    if model is None:
+        return v
+    out = {**v, "model": str(model)}
+    if CLAIM_SCOPE.get(v["claim"]) != ARTICLE or v["verdict"] == NOT_ABOUT_THIS_MODEL:
+        return out
+    if is_article_model(model):
+        return out
+    return {
+        **out,
+        "verdict": NOT_ABOUT_THIS_MODEL,
+        "measured_verdict": v["verdict"],
+        "note": (
+            f"Not about {model}: {v['claim']} concerns the article's model ({ARTICLE_MODEL}), and"
+            f" this run's model is {model}. What the run measured said {v['verdict']!r}."
+            + (f" {v['note']}" if v.get("note") else "")
+        ),
+    }
+
+
+def scope(verdicts: list[dict], model: str | Path | None) -> list[dict]:
+    """``scoped`` for each verdict of a run of ``model``."""
+    return [scoped(v, model) for v in verdicts]
+
+
 def write(run_dir: str | Path, notebook: str, verdicts: list[dict]) -> Path:
     path = Path(run_dir) / "claims" / f"{notebook}.json"
     atomic_write_text(path, json.dumps(verdicts, indent=2, ensure_ascii=False) + "\n")
@@ -92,6 +174,8 @@ def table(verdicts: list[dict]):
     import pandas as pd
 
     cols = ["claim", "verdict", "figure", "spread", "evidence", "note", "text"]
+    if any(v.get("verdict") == NOT_ABOUT_THIS_MODEL for v in verdicts):
+        cols.insert(2, "model")  # which model the verdicts are of, where one is not about it
     return pd.DataFrame(verdicts).reindex(
         columns=cols + (["notebook"] if verdicts and "notebook" in verdicts[0] else [])
     )

@@ -1,6 +1,11 @@
 """Model shapes from a Hugging Face config.json, and the KV-cache and weight arithmetic that follows.
 
-Pure Python: no vllm, no torch.
+Pure Python: no vllm, no torch. Every figure is read from the config (layers, KV heads, head_dim,
+vocabulary, tied embeddings, biases, per-head q/k norms), so the arithmetic holds for any dense,
+decoder-only, full-attention transformer: ERNIE-4.5, Qwen3, Llama 3 and their tiny variants are
+checked against the engine to the token. A config it would get wrong (sliding-window or hybrid
+layers, mixture of experts, multi-latent attention, ...) is refused by ``load_shape`` with a
+ConfigError naming what is unsupported, before any engine starts.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ KV_DTYPE_BYTES: dict[str, int] = {
 REPO_ROOT = Path(__file__).resolve().parents[3]  # lib/tunebook/core/model.py
 MODELS_DIR = REPO_ROOT / "models"
 ERNIE_03B = MODELS_DIR / "ernie-4.5-0.3b-pt"
+QWEN3_06B = MODELS_DIR / "qwen3-0.6b"
+LLAMA32_1B = MODELS_DIR / "llama-3.2-1b"
+
+# Families whose attention normalises q and k per head (an RMSNorm of head_dim, two per layer).
+QK_NORM_TYPES = frozenset({"qwen3"})
+# Families whose q, k and v projections carry a bias whatever the config says (Qwen2's do).
+QKV_BIAS_TYPES = frozenset({"qwen2"})
 
 
 @dataclass(frozen=True)
@@ -48,20 +60,52 @@ class ModelShape:
     tie_word_embeddings: bool
     max_position_embeddings: int
     torch_dtype: str = "bfloat16"
+    qkv_bias: bool = False  # biases on the q, k, v projections (attention_bias, use_bias, Qwen2)
+    o_bias: bool = False  # a bias on the output projection (attention_bias, use_bias)
+    mlp_bias: bool = False  # biases on gate, up and down (mlp_bias, use_bias)
+    qk_norm: bool = False  # per-head RMSNorm of q and k (Qwen3): 2 x head_dim weights a layer
+
+    @property
+    def embedding_params(self) -> int:
+        """The token embedding table, V x h (the LM head too where they are tied)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """A separate LM head: 0 where it is tied to the embedding table (counted once)."""
+        return 0 if self.tie_word_embeddings else self.embedding_params
+
+    @property
+    def non_embedding_params(self) -> int:
+        """What every token passes through once: the blocks and the final norm."""
+        return self.param_count - self.embedding_params - self.lm_head_params
 
     @property
     def param_count(self) -> int:
-        """Parameters of a Llama-style block stack (no biases), embeddings and final norm."""
-        h, q, kv = self.hidden_size, self.num_attention_heads, self.num_key_value_heads
-        attn = h * q * self.head_dim + 2 * h * kv * self.head_dim + q * self.head_dim * h
-        mlp = 3 * h * self.intermediate_size
+        """Parameters of a Llama-style block stack (gated MLP, two RMSNorms a layer, the biases
+        and q/k norms the config names), the embedding table, an untied LM head, the final norm."""
+        h, q, kv, d = (
+            self.hidden_size,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+        )
+        attn = h * q * d + 2 * h * kv * d + q * d * h  # q, k, v, o projections
+        attn += (q * d + 2 * kv * d) * self.qkv_bias + h * self.o_bias
+        attn += 2 * d * self.qk_norm
+        mlp = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h) * self.mlp_bias
         norms = 2 * h
-        emb = self.vocab_size * h
-        lm_head = 0 if self.tie_word_embeddings else emb
-        return self.num_hidden_layers * (attn + mlp + norms) + emb + lm_head + h
+        blocks = self.num_hidden_layers * (attn + mlp + norms)
+        return blocks + self.embedding_params + self.lm_head_params + h
 
     def weight_bytes(self, dtype: str | None = None) -> int:
         return self.param_count * dtype_bytes(dtype or self.torch_dtype)
+
+    def weight_bytes_read(self, dtype: str | None = None) -> int:
+        """Weight bytes one forward pass must read: all of them but an untied embedding table, of
+        which only the batch's rows are gathered (a tied table is read whole, as the LM head)."""
+        untied_table = 0 if self.tie_word_embeddings else self.embedding_params
+        return (self.param_count - untied_table) * dtype_bytes(dtype or self.torch_dtype)
 
     def kv_bytes_per_token(self, kv_cache_dtype: str = "auto") -> int:
         """K and V, every layer, every KV head: 2 x L x kv_heads x head_dim x bytes."""
@@ -141,22 +185,91 @@ def load_shape(model: str | Path | dict) -> ModelShape:
     ]
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(missing)}", key="model")
+    model_type = str(cfg.get("model_type", "unknown"))
+    if unsupported := unsupported_features(cfg):
+        raise ConfigError(
+            f"{where}: {model_type} has {'; '.join(unsupported)}. The workbook's KV and weight"
+            " arithmetic (tunebook.core.model.ModelShape) models dense decoder-only transformers"
+            " whose every layer attends over the whole context; for this model its KV capacity,"
+            " weights and roofline figures would be wrong, so it is not run",
+            key="model",
+        )
     heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    if kv_heads < 1 or heads % kv_heads:
+        raise ConfigError(
+            f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads"
+            f" {kv_heads}",
+            key="model",
+        )
+    bias = bool(cfg.get("attention_bias") or cfg.get("use_bias"))
     return ModelShape(
-        model_type=str(cfg.get("model_type", "unknown")),
+        model_type=model_type,
         architectures=tuple(cfg.get("architectures") or ()),
         num_hidden_layers=int(cfg["num_hidden_layers"]),
         hidden_size=int(cfg["hidden_size"]),
         intermediate_size=int(cfg.get("intermediate_size", 4 * cfg["hidden_size"])),
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_key_value_heads=kv_heads,
         # head_dim is explicit for ERNIE-4.5 (128, not 1024/16 = 64); fall back to hidden/heads.
         head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
         vocab_size=int(cfg["vocab_size"]),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        qkv_bias=bias or model_type in QKV_BIAS_TYPES,
+        o_bias=bias,
+        mlp_bias=bool(cfg.get("mlp_bias") or cfg.get("use_bias")),
+        qk_norm=model_type in QK_NORM_TYPES,
     )
+
+
+# Config keys that name a number of experts (Mixtral, Qwen-MoE, DeepSeek, ERNIE-4.5-MoE, ...).
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+# Config keys that carry the KV head count under a name ModelShape does not read (Falcon,
+# ChatGLM): read as multi-head attention they would give a KV figure many times too large.
+OTHER_KV_HEAD_KEYS = ("num_kv_heads", "n_head_kv", "multi_query", "multi_query_group_num")
+
+
+def unsupported_features(cfg: dict) -> list[str]:
+    """What in a (text) config.json the KV and weight arithmetic does not model, in words.
+
+    Empty for a dense decoder-only transformer whose every layer attends over the whole context
+    (full attention, one K and one V per KV head and layer). A flag that is present but off
+    (``use_sliding_window: false``, ``sliding_window: null``, ``layer_types`` all
+    ``full_attention``, one expert) is not a feature.
+    """
+    out: list[str] = []
+    window = cfg.get("sliding_window")
+    use_window = cfg.get("use_sliding_window")
+    if use_window or (window is not None and use_window is None):
+        out.append(f"sliding-window attention (sliding_window: {window})")
+    kinds = sorted({str(t) for t in cfg.get("layer_types") or ()} - {"full_attention"})
+    if kinds:
+        out.append(f"layers that are not full attention (layer_types: {', '.join(kinds)})")
+    for key in ("sliding_window_pattern", "interleaved_sliding_window", "attention_chunk_size"):
+        if cfg.get(key) is not None:
+            out.append(f"local attention in some layers ({key}: {cfg[key]})")
+    for key in EXPERT_KEYS:
+        n = cfg.get(key)
+        n = max(n) if isinstance(n, list | tuple) and n else n
+        if isinstance(n, int | float) and n > 1:
+            out.append(f"a mixture of experts ({key}: {n})")
+            break
+    if cfg.get("kv_lora_rank") is not None or cfg.get("q_lora_rank") is not None:
+        out.append(f"multi-latent attention (kv_lora_rank: {cfg.get('kv_lora_rank')})")
+    if cfg.get("num_kv_shared_layers"):
+        out.append(f"KV shared across layers (num_kv_shared_layers: {cfg['num_kv_shared_layers']})")
+    if "num_key_value_heads" not in cfg:
+        others = [k for k in OTHER_KV_HEAD_KEYS if cfg.get(k) not in (None, False)]
+        if others:
+            out.append(f"KV heads given as {others[0]} (not num_key_value_heads)")
+    if cfg.get("is_encoder_decoder"):
+        out.append("an encoder-decoder architecture (is_encoder_decoder: true)")
+    mt = str(cfg.get("model_type", ""))
+    if any(k in mt for k in ("mamba", "rwkv", "jamba")) or cfg.get("layers_block_type"):
+        out.append("state-space or recurrent layers")
+    return out
 
 
 def seed_article_kv_bytes_per_token() -> int:

@@ -35,10 +35,13 @@ from tunebook.topics import plots
 
 
 def prefill_coefficients(shape: ModelShape) -> dict[str, float]:
-    """FLOPs(S) = const + linear * S + quadratic * S^2, and the bytes a prefill must move."""
-    emb = shape.vocab_size * shape.hidden_size
-    lm_head = 0 if shape.tie_word_embeddings else emb
-    non_embedding = shape.param_count - emb - lm_head
+    """FLOPs(S) = const + linear * S + quadratic * S^2, and the bytes a prefill must move.
+
+    All from the model's config: H query heads of head_dim d (which need not be hidden / H:
+    ERNIE-4.5 and Qwen3 have H x d = 2 h), the embedding table counted once where it is tied,
+    and the weight bytes one pass reads (an untied embedding table only as gathered rows).
+    """
+    non_embedding = shape.non_embedding_params
     return {
         "non_embedding_params": float(non_embedding),
         "linear_flops": 2.0 * non_embedding,
@@ -46,8 +49,9 @@ def prefill_coefficients(shape: ModelShape) -> dict[str, float]:
         * shape.num_hidden_layers
         * shape.num_attention_heads
         * shape.head_dim,
-        "const_flops": 2.0 * emb,  # logits of the sampled token (tied or not, a V x h matmul)
-        "weight_bytes": float(shape.weight_bytes()),
+        # logits of the sampled token (tied or not, a V x h matmul)
+        "const_flops": 2.0 * shape.embedding_params,
+        "weight_bytes": float(shape.weight_bytes_read()),
         "kv_bytes_per_token": float(shape.kv_bytes_per_token()),
     }
 

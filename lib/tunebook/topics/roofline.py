@@ -9,8 +9,9 @@ The arithmetic. One decode step of a batch of B sequences, each with C tokens of
     read the KV of every sequence     B * C * kv_bytes_per_token
     compute                           B * (2 N + 4 L H d C + 2 V h)  FLOPs
 
-(N: parameters without the embedding table, L layers, H query heads of size d; the attention
-term is QK^T and PV over C keys, the last the logits). The floor is the larger of bytes /
+(N: parameters without the embedding table, L layers, H query heads of size d, all read from
+the model's config; the attention term is QK^T and PV over C keys, the last the logits; an untied
+embedding table is not read whole, only its B rows). The floor is the larger of bytes /
 bandwidth and FLOPs / peak. For ERNIE-4.5-0.3B the weights alone are ~0.72 GB: 0.15 ms per step on
 an H200 at 4.8 TB/s, at any batch up to a few hundred sequences of short context.
 
@@ -49,7 +50,9 @@ def decode_step_bytes(
     shape: ModelShape, batch: int, context: float, kv_cache_dtype="auto"
 ) -> float:
     kv = shape.kv_bytes_per_token(kv_cache_dtype)
-    return float(shape.weight_bytes()) + batch * (context + 1) * kv  # read C, write 1
+    # every weight a step uses (an untied embedding table only as the batch's rows), then KV:
+    # read C, write 1
+    return float(shape.weight_bytes_read()) + batch * (context + 1) * kv
 
 
 def decode_floor_ms(

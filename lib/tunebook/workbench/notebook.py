@@ -28,6 +28,9 @@ from tunebook.workbench import console, cost, profiles
 # Set by the runner for each notebook call: the wall clock at the call's start (epoch seconds).
 CALL_START_ENV = "TUNEBOOK_CALL_START"
 _BEGUN: dict[str, float] = {}
+# The model each notebook runs (its ``model`` parameter, as ``begin`` saw it): record_verdicts
+# scopes the notebook's verdicts to it.
+_MODEL: dict[str, str] = {}
 
 
 def log_path(run_dir: str | Path, notebook: str) -> Path:
@@ -80,6 +83,8 @@ def begin(ns: dict, notebook: str, capture: bool = True) -> str:
     if capture:
         console.capture_engine_log(log_path(run_dir, notebook), carry_from=tmp)
     _BEGUN[notebook] = time.time()
+    if isinstance(ns.get("model"), str | Path):
+        _MODEL[notebook] = str(ns["model"])
     return run_dir
 
 
@@ -161,9 +166,23 @@ def end(run_dir: str | Path, notebook: str) -> None:
         print(text)
 
 
-def record_verdicts(run_dir: str | Path, notebook: str, verdicts: list[dict], ledger: bool = False):
+def record_verdicts(
+    run_dir: str | Path,
+    notebook: str,
+    verdicts: list[dict],
+    ledger: bool = False,
+    model: str | Path | None = None,
+):
     """Write the notebook's verdicts into the run's claims ledger; return their table to display
-    (``ledger``: the whole run's ledger, every notebook's verdicts)."""
+    (``ledger``: the whole run's ledger, every notebook's verdicts).
+
+    Each verdict is scoped to the run's model (``claims.scoped``): a claim about the article's
+    model, on a run of another model, is recorded as "not about this model". ``model`` defaults
+    to the notebook's ``model`` parameter, which ``begin`` read from the notebook's globals, so
+    the notebooks' calls need not pass it; with neither, verdicts are recorded as given.
+    """
+    model = model if model is not None else _MODEL.get(notebook)
+    verdicts = claims.scope(verdicts, model)
     claims.write(run_dir, notebook, verdicts)
     return claims.table(claims.read_all(run_dir) if ledger else verdicts)
 
