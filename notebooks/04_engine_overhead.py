@@ -140,7 +140,9 @@ display(cap.round(3))
 # %%
 rank = headroom.ranking(cap)
 display(pd.DataFrame(rank).round(3))
-headroom.capacity_figure(rank, "Figure 4.1. Sustained capacity under the SLO").show()
+headroom.capacity_figure(
+    rank, "Figure 4.1. Sustained capacity under the SLO", platform=platform
+).show()
 headroom.curve_figure(
     headroom.curve_frame(results),
     "Figure 4.2. Goodput against the offered rate, every start (a rate decided failed early has none)",

@@ -229,9 +229,11 @@ def validation_view(val, sc: Scenario, choice: dict, served_changed: bool):
     if not (len(val) and (val["status"] == "ok").any()):
         return pd.DataFrame(), None, "no validation results"
     table = assemble.validation_table(val, reference="default")
+    same = not choice["changed"] and not served_changed  # "chosen" is the default run again
     fig = ratio_bars(
         table,
         reference="default",
+        labels={"chosen": "default, a second run (the noise floor)"} if same else None,
         title=f"Figure 5.V. {sc.name}: chosen and article relative to vLLM's default (median, min-max)",
     )
     aa = presets.aa_check(table) if not choice["changed"] and not served_changed else ""
