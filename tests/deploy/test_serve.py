@@ -53,6 +53,14 @@ def test_main_rejects_a_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_overload_needs_check_and_a_replica_deployment(tmp_path, capsys):
+    (tmp_path / "serve.yaml").write_text("model: m\n")
+    assert serve.main([str(tmp_path), "--check", "--overload"]) == 2
+    assert "--overload needs --check and a replica deployment" in capsys.readouterr().err
+    (tmp_path / "start.sh").write_text("exit 0\n")
+    assert serve.main([str(tmp_path), "--overload"]) == 2
+
+
 @pytest.mark.engine
 def test_serve_files_parse_to_the_chosen_settings(files):
     paths, kwargs = files

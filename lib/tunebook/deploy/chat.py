@@ -911,6 +911,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)  # Chainlit's config, uploads and session files
         for s, h in old.items():
             signal.signal(s, h)
+        # The stop was this command's: a later start in this process (a caller's start_server)
+        # must not find it still asked.
+        _stop.update(asked=None, held=0)
 
 
 def _served_root_has_weights(base: str) -> bool | None:

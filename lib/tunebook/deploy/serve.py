@@ -9,6 +9,12 @@ few OpenAI-compatible requests (``/v1/models``, ``/v1/completions``, a streamed 
 with SIGTERM (SIGKILL for its process group if it does not exit in time). The exit status is 0
 only when every step worked.
 
+``--check --overload`` (a replica deployment's folder) then drives a burst at several times the
+deployment's sustained capacity (``capacity_rps`` in deployment.json, or ``--rate``) for a few
+seconds, and the capacity rate after it (``overload_check``): it reports the share refused during
+the burst and how fast a refusal came, and, after the burst, the share refused and the share
+within the SLO the deployment was chosen with.
+
 The deployment's environment (``env`` in choice.json beside the YAML, what serve.sh exports) is
 applied; ``--env KEY=VALUE`` adds more. Measurement-only settings (``measurement_env``) are not.
 
@@ -20,20 +26,29 @@ metadata it asks for at start (``vllm_metadata_problem`` says when an environmen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
+from tunebook.core.metrics import percentile, slo_attainment_pct, slo_holds, slo_text
+from tunebook.core.model import load_shape
+from tunebook.core.workloads import make_workload
 from tunebook.engine.flags import split_env, vllm_command
 from tunebook.engine.isolation import kill_group, spawn
 from tunebook.engine.vllm_http import DONE, free_port, sse_data
+from tunebook.measure.loadgen import LEAD_S, ClientRequest, LoadGenerator
 
 CHAT_MESSAGE = "你好，请用一句话介绍一下你自己。"
 COMPLETION_PROMPT = "The capital of France is"
@@ -302,17 +317,17 @@ def _became_healthy(base: str, proc, timeout_s: float, log_path: Path, result: d
         return False
 
 
-def check_start_script(
+@contextlib.contextmanager
+def running_deployment(
     folder: str | Path,
     port: int | None = None,
     timeout_s: float = 900.0,
-    max_tokens: int = 16,
     env: dict | None = None,
     out=print,
-) -> dict:
-    """Run a multi-replica deployment's start.sh as written (replicas behind vllm-router), send the
-    check's requests through the router, then stop every process it started (its process group)."""
-
+):
+    """Run a multi-replica deployment's start.sh as written (replicas behind vllm-router) and yield
+    ``result`` (``url``, ``log``; ``start_s`` once the router answers ``/health``, else ``error``
+    and ``log_tail``); on leaving, stop every process it started (its process group)."""
     folder = Path(folder).resolve()
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
@@ -328,17 +343,347 @@ def check_start_script(
     with open(log_path, "w") as log:
         proc = spawn(["bash", str(folder / "start.sh")], log, run_env)
     try:
-        if not _became_healthy(base, proc, timeout_s, log_path, result, out):
-            return result
-        out(f"[serve] router healthy after {result['start_s']:.1f} s")
-        tok = any(_uses_tokenizer(p) for p in sorted(folder.glob("replica*.yaml"))[:1])
-        result["steps"] = ask(base, tok, max_tokens, out)
-        result["ok"] = all(s["ok"] for s in result["steps"])
-        return result
+        if _became_healthy(base, proc, timeout_s, log_path, result, out):
+            out(f"[serve] router healthy after {result['start_s']:.1f} s")
+        yield result
     finally:
         kill_group(proc, grace_s=20)
         result["wall_s"] = time.perf_counter() - t0
         out(f"[serve] stopped the deployment (process group {proc.pid})")
+
+
+def check_start_script(
+    folder: str | Path,
+    port: int | None = None,
+    timeout_s: float = 900.0,
+    max_tokens: int = 16,
+    env: dict | None = None,
+    out=print,
+    overload: dict | None = None,
+) -> dict:
+    """Run a multi-replica deployment's start.sh as written (replicas behind vllm-router), send the
+    check's requests through the router, then stop every process it started (its process group).
+
+    ``overload``: also ``overload_check`` with these keyword arguments (``{}`` for its defaults)
+    once the requests answered; its result is ``result["overload"]``."""
+    folder = Path(folder).resolve()
+    with running_deployment(folder, port, timeout_s, env, out) as result:
+        if "start_s" not in result:
+            return result
+        tok = any(_uses_tokenizer(p) for p in sorted(folder.glob("replica*.yaml"))[:1])
+        result["steps"] = ask(result["url"], tok, max_tokens, out)
+        result["ok"] = all(s["ok"] for s in result["steps"])
+        if overload is not None and result["ok"]:
+            deploy = json.loads((folder / "deployment.json").read_text())
+            model = next(
+                (s["text"] for s in result["steps"] if s["name"] == "GET /v1/models"), None
+            )
+            result["overload"] = overload_check(result["url"], deploy, model, out=out, **overload)
+            result["ok"] = result["overload"]["ok"]
+        return result
+
+
+# --------------------------------------------------------------------------- overload
+# The traffic of the overload check where deployment.json names none (its ``workload``).
+OVERLOAD_WORKLOAD = {"kind": "fixed", "prompt_len": 128, "output_len": 32}
+# Statuses that refuse a request and say to try again: the router's token bucket answers 429
+# (with Retry-After), a replica at its --max-num-queued-reqs bound 503, as does the router with
+# no replica to send to (all circuits open: what an outage looks like).
+REFUSED = (429, 503)
+# A refusal slower than this is not "at once": the client waited as for a served request.
+REFUSAL_LIMIT_S = 1.0
+
+
+def status_of(record: dict) -> int | None:
+    """The HTTP status of a load-generator record: 200 for a served request; for a failed one its
+    ``status`` where the record has it, else the code in its error ("RuntimeError: HTTP 503: ...",
+    tunebook.measure.loadgen's words); None where no answer came (a refused connection, a timeout)."""
+    if "status" in record:
+        return record["status"]
+    err = record.get("error")
+    if not err:
+        return 200 if not record.get("stopped") else None
+    m = re.search(r"\bHTTP (\d{3})\b", str(err))
+    return int(m.group(1)) if m else None
+
+
+def schedule(
+    phases: list[tuple[str, float, float]], spec: dict | None = None, vocab_size: int | None = None
+) -> list:
+    """Client requests for ``phases`` (``(tag, rate req/s, seconds)``, one after the other):
+    each phase's Poisson arrivals at its rate for its seconds, its requests tagged with it."""
+    spec = {k: v for k, v in (spec or OVERLOAD_WORKLOAD).items() if k not in ("num_requests",)}
+    reqs: list = []
+    t0 = 0.0
+    for n_phase, (tag, rate, seconds) in enumerate(phases):
+        n = max(1, round(rate * seconds))
+        wl = make_workload(
+            {**spec, "num_requests": n, "request_rate": rate, "seed": 1000 + n_phase},
+            vocab_size,
+        )
+        for r in wl.requests:
+            if r.arrival_s >= seconds:  # the phase ends on time; its rate decides its count
+                continue
+            prompt = r.prompt_token_ids if r.prompt_token_ids is not None else r.prompt
+            reqs.append(
+                ClientRequest(len(reqs), prompt, r.max_tokens, t0 + r.arrival_s, r.prompt_len, tag)
+            )
+        t0 += seconds
+    return reqs
+
+
+def phase_summary(records: list[dict], slo: dict | None) -> dict:
+    """Requests, refused (429/503), failed (any other error), and the share within ``slo``."""
+    statuses = Counter(status_of(r) for r in records)
+    n = len(records)
+    refused = sum(statuses[c] for c in REFUSED)
+    failed = n - statuses[200] - refused
+    out = {
+        "requests": n,
+        "served": statuses[200],
+        "refused": refused,
+        "refused_pct": 100.0 * refused / n if n else float("nan"),
+        "failed": failed,
+        "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
+    }
+    if slo:
+        out["within_slo_pct"] = slo_attainment_pct(records, slo)
+        out["slo_holds"] = slo_holds(records, slo)
+        served = [r for r in records if status_of(r) == 200]
+        out["served_within_slo_pct"] = slo_attainment_pct(served, slo) if served else None
+    errors = Counter(
+        re.sub(r"\d+(\.\d+)?", "N", str(r["error"]))[:120]
+        for r in records
+        if r.get("error") and status_of(r) not in REFUSED
+    )
+    if errors:
+        out["errors"] = dict(errors.most_common(3))
+    return out
+
+
+class _Probes:
+    """Streamed completions sent at ``rate`` for ``seconds``, each timed to its status line: how
+    fast a refusal comes. (tunebook.measure.loadgen's records of failed requests carry no time;
+    each probe's connection closes once its status is read.) At most ``most`` probes."""
+
+    def __init__(
+        self,
+        url: str,
+        body: dict,
+        rate: float,
+        seconds: float,
+        timeout_s: float = 30.0,
+        most: int = 100,
+    ):
+        self.url, self.body, self.timeout_s = url, body, timeout_s
+        n = max(1, min(most, int(rate * seconds)))
+        self.times = [i * seconds / n for i in range(n)]
+        self.results: list[dict] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def _one(self, delay: float) -> None:
+        time.sleep(delay)
+        req = urllib.request.Request(
+            self.url,
+            data=json.dumps(self.body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        t0 = time.perf_counter()
+        status, retry_after = None, None
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status, retry_after = e.code, e.headers.get("Retry-After")
+        except (urllib.error.URLError, OSError):
+            pass
+        with self._lock:
+            self.results.append(
+                {
+                    "status": status,
+                    "ms": 1e3 * (time.perf_counter() - t0),
+                    "retry_after": retry_after,
+                }
+            )
+
+    def start(self, delay_s: float) -> None:
+        for t in self.times:
+            th = threading.Thread(target=self._one, args=(delay_s + t,), daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def join(self) -> list[dict]:
+        for th in self._threads:
+            th.join(self.timeout_s + 5)
+        return self.results
+
+
+def overload_check(
+    base: str,
+    deploy: dict,
+    model: str | None = None,
+    rate: float | None = None,
+    factor: float = 4.0,
+    burst_s: float = 5.0,
+    settle_s: float = 5.0,
+    window_s: float = 20.0,
+    workload: dict | None = None,
+    slo: dict | None = None,
+    refusal_limit_s: float = REFUSAL_LIMIT_S,
+    client_workers: int | None = None,
+    after_rate: float | None = None,
+    out=print,
+) -> dict:
+    """A burst at ``factor`` times the deployment's sustained capacity for ``burst_s``, then the
+    capacity rate (``after_rate`` if given): ``settle_s`` for what the burst admitted to finish,
+    then ``window_s`` judged.
+
+    The capacity is ``rate``, else deployment.json's ``capacity_rps``; the SLO ``slo``, else its
+    ``slo``; the traffic ``workload``, else its ``workload`` where that is a workload spec, else
+    ``OVERLOAD_WORKLOAD``. ``ok``: after the burst nothing refused or failed and the SLO held;
+    during it, no request failed other than refused (429/503), and refusals came within
+    ``refusal_limit_s`` (timed by probes sent alongside: ``_Probes``)."""
+    cap = rate if rate is not None else deploy.get("capacity_rps")
+    res: dict = {"ok": False, "why": []}
+    if not cap or cap <= 0:
+        res["error"] = (
+            "no sustained capacity: deployment.json has no capacity_rps (05 writes the served"
+            " choice's); pass --rate <req/s>"
+        )
+        out(f"[serve] overload: FAILED: {res['error']}")
+        return res
+    slo = slo if slo is not None else deploy.get("slo") or None
+    spec = workload or (
+        deploy.get("workload") if isinstance(deploy.get("workload"), dict) else None
+    )
+    spec = spec or OVERLOAD_WORKLOAD
+    burst = factor * cap
+    after = after_rate or cap
+    phases = [("burst", burst, burst_s), ("settle", after, settle_s), ("after", after, window_s)]
+    res.update(
+        {
+            "rate_rps": cap,
+            "rate_from": "--rate" if rate is not None else "deployment.json capacity_rps",
+            "burst_rps": burst,
+            "after_rps": after,
+            "factor": factor,
+            "burst_s": burst_s,
+            "settle_s": settle_s,
+            "window_s": window_s,
+            "workload": spec,
+            "slo": slo,
+        }
+    )
+    reqs = schedule(phases, spec, _vocab(deploy))
+    workers = client_workers or max(1, min((os.cpu_count() or 2) // 2, math.ceil(burst / 250)))
+    out(
+        f"[serve] overload: burst {factor:g}x the capacity {cap:.3g} req/s ({res['rate_from']}) ="
+        f" {burst:.3g} req/s for {burst_s:g} s, then {after:.3g} req/s: {settle_s:g} s to settle,"
+        f" {window_s:g} s judged ({len(reqs)} requests, {workers} client processes;"
+        f" SLO: {slo_text(slo)})"
+    )
+    model = model or _served_model(base)
+    first = reqs[0] if reqs else None
+    body = {
+        "model": model,
+        "prompt": first.prompt if first else [5, 6, 7],
+        "max_tokens": first.max_tokens if first else 8,
+        "stream": True,
+        "temperature": 0.0,
+    }
+    # A probe per 8 burst requests, at least 8 a second, over the burst's last three quarters
+    # (its first fills the replicas up to their bound): a sample of how fast refusals come.
+    probes = _Probes(f"{base}/v1/completions", body, max(8.0, burst / 8), 0.75 * burst_s)
+    with LoadGenerator(workers) as gen:
+        # The load generator's clock starts a little after run() is called (its LEAD_S, once
+        # every worker holds its share); the probes start with its burst, give or take that.
+        probes.start(LEAD_S + 0.05 * workers + 0.25 * burst_s)
+        records, client = gen.run(
+            f"{base}",
+            model,
+            reqs,
+            sampling={"temperature": 0.0, "ignore_eos": True},
+            timeout_s=max(120.0, 4 * (burst_s + settle_s + window_s)),
+        )
+    probed = probes.join()
+    by = {tag: [r for r in records if r.get("tag") == tag] for tag, _, _ in phases}
+    for tag in by:
+        res[tag] = phase_summary(by[tag], slo)
+    refused_ms = sorted(p["ms"] for p in probed if p["status"] in REFUSED)
+    res["burst"]["probes"] = len(probed)
+    res["burst"]["probes_refused"] = len(refused_ms)
+    res["burst"]["refusal_ms_p50"] = percentile(refused_ms, 50) if refused_ms else None
+    res["burst"]["refusal_ms_max"] = refused_ms[-1] if refused_ms else None
+    res["burst"]["retry_after"] = sorted(
+        {str(p["retry_after"]) for p in probed if p["status"] in REFUSED and p["retry_after"]}
+    )
+    res["client"] = {k: client.get(k) for k in ("lag_p99_ms", "kept_schedule", "client_workers")}
+    b, a = res["burst"], res["after"]
+    why = res["why"]
+    if a["refused"]:
+        why.append(f"{a['refused']} of {a['requests']} refused after the burst")
+    if a["failed"] or b["failed"] or res["settle"]["failed"]:
+        why.append(
+            f"failed (not refused): {b['failed']} in the burst, {res['settle']['failed']} settling,"
+            f" {a['failed']} after"
+        )
+    if slo and not a["slo_holds"]:
+        why.append(f"after the burst {a['within_slo_pct']:.1f}% within the SLO ({slo_text(slo)})")
+    if refused_ms and refused_ms[-1] > 1e3 * refusal_limit_s:
+        why.append(f"a refusal took {refused_ms[-1]:.0f} ms (> {refusal_limit_s:g} s)")
+    res["ok"] = not why
+    codes = ", ".join(f"{k} x{v}" for k, v in b["statuses"].items() if k != "200")
+    out(
+        f"[serve] burst: {b['requests']} requests, {b['refused']} refused ({b['refused_pct']:.0f}%"
+        + (f": {codes}" if codes else "")
+        + f"), {b['failed']} failed"
+        + (
+            f"; refusals answered in {b['refusal_ms_p50']:.0f} ms (median), {b['refusal_ms_max']:.0f} ms"
+            f" at most ({b['probes_refused']} of {b['probes']} probes refused"
+            + (f"; Retry-After {', '.join(b['retry_after'])} s" if b["retry_after"] else "")
+            + ")"
+            if refused_ms
+            else f"; none of {b['probes']} probes refused"
+        )
+    )
+    for tag, label in (("settle", f"settling ({settle_s:g} s)"), ("after", "after the burst")):
+        p = res[tag]
+        slo_part = f", {p['within_slo_pct']:.1f}% within the SLO" if slo and p["requests"] else ""
+        out(
+            f"[serve] {label}: {p['requests']} requests, {p['refused']} refused, {p['failed']} failed"
+            + slo_part
+        )
+    out(
+        "[serve] overload: "
+        + (
+            (
+                "passed: the excess refused at once, then served as before"
+                if b["refused"]
+                else "passed: the burst absorbed (nothing refused), then served as before"
+            )
+            if res["ok"]
+            else "FAILED: " + "; ".join(why)
+        )
+    )
+    return res
+
+
+def _served_model(base: str) -> str | None:
+    st, models, _ = http("GET", f"{base}/v1/models")
+    if st == 200 and isinstance(models, dict) and models.get("data"):
+        return models["data"][0]["id"]
+    return None
+
+
+def _vocab(deploy: dict) -> int | None:
+    """The model's vocabulary (prompt token ids are drawn below it), where its folder is found."""
+    model = deploy.get("model") or (deploy.get("replica_kwargs") or {}).get("model")
+    try:
+        return load_shape(model).vocab_size if model else None
+    except Exception:  # noqa: BLE001 - a folder not here: the workload's default vocabulary
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,12 +710,47 @@ def main(argv: list[str] | None = None) -> int:
         "--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment"
     )
     ap.add_argument("--log", default=None, help="server log file (--check)")
+    ap.add_argument(
+        "--overload",
+        action="store_true",
+        help="with --check of a replica deployment: a burst at --factor times its capacity for"
+        " --burst-s, then the capacity rate; passes when the excess was refused at once and"
+        " the deployment served within its SLO after it",
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="the sustained capacity (req/s) --overload uses, instead of deployment.json's",
+    )
+    ap.add_argument("--factor", type=float, default=4.0, help="the burst's multiple of --rate")
+    ap.add_argument("--burst-s", type=float, default=5.0, help="the burst's seconds")
+    ap.add_argument("--window-s", type=float, default=20.0, help="seconds judged after the burst")
     args = ap.parse_args(argv)
     env = dict(e.split("=", 1) for e in args.env)
     target = Path(args.config)
+    if args.overload and not (args.check and (target / "start.sh").is_file()):
+        print(
+            "tunebook.serve: error: --overload needs --check and a replica deployment's folder"
+            " (start.sh, deployment.json)",
+            file=sys.stderr,
+        )
+        return 2
     if target.is_dir() and (target / "start.sh").is_file():
         if args.check:
-            res = check_start_script(target, port=args.port, timeout_s=args.timeout, env=env)
+            overload = (
+                {
+                    "rate": args.rate,
+                    "factor": args.factor,
+                    "burst_s": args.burst_s,
+                    "window_s": args.window_s,
+                }
+                if args.overload
+                else None
+            )
+            res = check_start_script(
+                target, port=args.port, timeout_s=args.timeout, env=env, overload=overload
+            )
             print(f"[serve] check {'passed' if res['ok'] else 'FAILED'}")
             return 0 if res["ok"] else 1
         os.environ.update(env, PORT=str(args.port or 8000))

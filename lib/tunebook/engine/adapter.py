@@ -96,6 +96,19 @@ def serve_default_batched_tokens() -> int | None:
         return None
 
 
+def serve_default_max_num_seqs() -> int | None:
+    """max_num_seqs that `vllm serve` picks on this machine (it depends on the device's memory),
+    from the installed vLLM; None if it does not say."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        _, seqs = EngineArgs.get_batch_defaults(world_size=1)
+        return int(seqs[UsageContext.OPENAI_API_SERVER])
+    except Exception:
+        return None
+
+
 def sampler_name(sampling: dict) -> str:
     greedy = not sampling.get("temperature")
     topx = sampling.get("top_p", 1.0) < 1.0 or sampling.get("top_k", 0) > 0

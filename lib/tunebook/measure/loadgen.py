@@ -174,10 +174,18 @@ async def _send_all(
             sent = time.perf_counter()
             stamps: list[float] = []
             usage = None
+            refused: dict = {}
             try:
                 body = request_body(req, model, api, sampling)
                 async with session.post(url + path, json=body) as resp:
                     if resp.status != 200:
+                        # A refusal's status, how fast it came and when to retry: what an
+                        # overload check reads (429/503 with Retry-After is a refusal to retry).
+                        refused = {
+                            "status": resp.status,
+                            "error_ms": 1e3 * (time.perf_counter() - sent),
+                            "retry_after": resp.headers.get("Retry-After"),
+                        }
                         text = (await resp.text())[:300]
                         raise RuntimeError(f"HTTP {resp.status}: {text}")
                     async for line in resp.content:
@@ -192,6 +200,7 @@ async def _send_all(
             except Exception as e:  # noqa: BLE001 - every failure is this request's record
                 rec = record_from_stamps(req, sent, stamps, usage, sent - due)
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
+                rec.update(refused)
             rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
             early_stop.judge(rec)
             return rec

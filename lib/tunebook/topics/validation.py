@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tunebook.core.metrics import slo_text
-from tunebook.core.results import load_sweep
+from tunebook.core.results import SweepDir, load_sweep
 from tunebook.core.scenarios import SCENARIOS, Scenario
 from tunebook.deploy import writers
 from tunebook.engine import adapter, flags
@@ -177,6 +177,11 @@ def write_served(
     check, ``extra``: what checked it and the traffic it should not be used for)."""
     kwargs = flags.deploy_kwargs(model, {**choice["settings"], **served_choice["settings"]})
     served = {k: v for k, v in served_choice.items() if k != "ranking"} | extra
+    # The request shape the capacity was found on: `serve --check --overload` sends it again.
+    evidence = served_choice.get("evidence")
+    if evidence and "workload_spec" not in served:
+        points = SweepDir(evidence).points() if Path(evidence).is_dir() else []
+        served["workload_spec"] = capacity.workload_of(points) if points else None
     return writers.write_deployment(
         Path(out_dir) / "deployment",
         {**choice, "served_choice": served},
