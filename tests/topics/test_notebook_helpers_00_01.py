@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from synthetic import point as _point
 
 from tunebook.core.model import ERNIE_03B, load_shape
 from tunebook.topics import baseline, kvcache
@@ -19,21 +20,6 @@ def ernie():
 @pytest.fixture(scope="module")
 def tiny():
     return load_shape("tiny-ernie")
-
-
-def _point(config="a", repeat=0, status="ok", **parts) -> dict:
-    return {
-        "point_id": f"{config}-r{repeat}",
-        "config": config,
-        "repeat": repeat,
-        "status": status,
-        "settings": {},
-        "workload": {"name": "w"},
-        "metrics": {},
-        "capacity": {},
-        "error": None if status == "ok" else "EngineFailure: boom",
-        **parts,
-    }
 
 
 # --------------------------------------------------------------------------- 00: baseline

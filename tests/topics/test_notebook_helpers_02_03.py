@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import point as _point
 
 from tunebook.core.model import load_shape
 from tunebook.topics import blocksize, prefill
@@ -17,21 +18,6 @@ from tunebook.topics import blocksize, prefill
 @pytest.fixture(scope="module")
 def tiny():
     return load_shape("tiny-ernie")
-
-
-def _point(config="a", repeat=0, status="ok", **parts) -> dict:
-    return {
-        "point_id": f"{config}-r{repeat}",
-        "config": config,
-        "repeat": repeat,
-        "status": status,
-        "settings": {},
-        "workload": {"name": "w"},
-        "metrics": {},
-        "capacity": {},
-        "error": None if status == "ok" else "EngineFailure: boom",
-        **parts,
-    }
 
 
 def _figure(fig) -> dict:

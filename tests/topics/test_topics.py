@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import point as _point
 
 from tunebook.core import claims
 from tunebook.core.model import ERNIE_03B, GIB, MIB, load_shape
@@ -26,21 +27,6 @@ def ernie():
 @pytest.fixture(scope="module")
 def tiny():
     return load_shape("tiny-ernie")
-
-
-def _point(config="a", repeat=0, status="ok", **parts) -> dict:
-    return {
-        "point_id": f"{config}-r{repeat}",
-        "config": config,
-        "repeat": repeat,
-        "status": status,
-        "settings": {},
-        "workload": {"name": "w"},
-        "metrics": {},
-        "capacity": {},
-        "error": None if status == "ok" else "EngineFailure: boom",
-        **parts,
-    }
 
 
 # --------------------------------------------------------------------------- baseline
