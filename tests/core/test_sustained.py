@@ -50,6 +50,17 @@ def test_a_deployment_that_keeps_up_holds_the_rate():
     assert j["steady"] and j["broke"] == [] and sustained.why_not(j) == ""
 
 
+def test_keeping_up_is_a_rate_when_latency_is_long_against_the_window():
+    """One server, offered 2.5x what it drains, over 8 s: the median latency grows past a third of
+    the window, so the arrivals it is compared with span less than the steady part. Counted per
+    second it reads about 1/2.5; counted as totals it read 0.72 here, and 1.56 on a slow CI run."""
+    recs, tl = simulate(6.25, 8.0, slots=1, service_s=0.4)
+    j = sustained.judge(recs, tl, 8.0, slo_holds=True)
+    assert j["latency_shift_s"] > 8.0 / 3
+    assert j["keep_up_requests"] == pytest.approx(0.4, abs=0.15)
+    assert not j["sustained"] and "keep_up" in j["broke"]
+
+
 def test_a_deployment_that_falls_behind_fails_though_the_slo_held():
     # Capacity 40 req/s, offered 50: the queue grows the whole window. The SLO is given as held
     # (as a generous SLO or a short window would find it): the other rules catch it.

@@ -510,7 +510,7 @@ class _StandIn:
 
     def run(self, wl, record=True, on_sample=None, point=None):
         _StandIn.events.append(("run", point.point_id, point.max_concurrency))
-        return {"metrics": {}, "requests": [], "timeline": []}
+        return {"metrics": {}, "requests": [], "timeline": [], "client": {}}
 
 
 def _group(n: int):

@@ -60,9 +60,16 @@ def stand_ins(tmp_path, monkeypatch):
 
 
 def _kernels() -> list[psutil.Process]:
-    return [
-        p for p in psutil.Process().children(recursive=True) if "ipykernel" in " ".join(p.cmdline())
-    ]
+    """Live ipykernel processes under this one. A zombie (exited, not yet reaped by whoever
+    started it, often an earlier test's subprocess) has no command line and runs nothing."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "ipykernel" in " ".join(p.cmdline()):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
 
 
 @pytest.mark.vllm

@@ -11,8 +11,9 @@ straight line; held for 20 s by ``vllm bench serve`` the same deployment met the
    chunks as well);
 2. **keeping up**: in the steady part of the window (its last two thirds), the requests completed
    per second, and their output tokens per second, are at least ``KEEP_UP`` (95%) of what arrived
-   one median end-to-end latency earlier (less ``KEEP_UP_SLACK``, 2 requests: the edges). In steady state what completes now is what arrived one
-   latency ago; a deployment that falls behind completes fewer. (Comparing with the requests that
+   one median end-to-end latency earlier (less ``KEEP_UP_SLACK``, 2 requests: the edges), both
+   per second (the earlier span is clipped to the window). In steady state what completes now is
+   what arrived one latency ago; a deployment that falls behind completes fewer. (Comparing with the requests that
    arrived in the same seconds, or with the nominal rate, would mix Poisson noise into the test.)
 3. **steadiness**: the requests in the system (running + waiting, from the servers' /metrics
    samples) are not still growing: the median over the window's last third is at most
@@ -77,12 +78,16 @@ def keep_up(records: list[dict], window_s: float) -> dict:
     shift = statistics.median(r["e2e_ms"] for r in done) / 1e3
     lo, hi = window_s / 3.0, window_s
     completed = [r for r in done if lo <= _ends(r) < hi]
-    arrived = [
-        r for r in records if r.get("sent_s") is not None and lo - shift <= r["sent_s"] < hi - shift
-    ]
+    # Arrivals one latency earlier, clipped to the window: where latency is long against the window
+    # (a machine slower than planned, a queue building), that span is shorter than the steady
+    # part, so the two are compared per second, not as counts.
+    a_lo, a_hi = max(0.0, lo - shift), max(0.0, min(window_s, hi - shift))
+    arrived = [r for r in records if r.get("sent_s") is not None and a_lo <= r["sent_s"] < a_hi]
 
     def ratio(num: float, den: float) -> float | None:
-        return num / den if den else None
+        if not den or a_hi <= a_lo:
+            return None
+        return (num / (hi - lo)) / (den / (a_hi - a_lo))
 
     # What arrived asked for its own output tokens once finished; one still unfinished (or cut)
     # is counted at the finished requests' mean.
