@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PROFILE ?=
 RUN_ID ?=
 
-.PHONY: setup run unit test lint format lab goldens
+.PHONY: setup run unit test test-all goldens-check lint format lab goldens
 setup:
 	@bash scripts/setup.sh
 
@@ -14,10 +14,20 @@ run: setup
 unit: setup
 	TUNEBOOK_NO_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider -m "not vllm and not engine and not browser and not slow" tests
 
+# Lint, every test but the extended tier (variants a cheaper test covers, Ray, the benchmarks'
+# harness on a real server), then the notebooks against their goldens. CI runs this.
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m pytest -q -m "not extended" tests
+	$(MAKE) --no-print-directory goldens-check
+
+# All of it, the extended tier included.
+test-all: setup
 	$(PY) -m pytest -q tests
+	$(MAKE) --no-print-directory goldens-check
+
+goldens-check:
 	rm -rf tests/golden/_nbval_run
 	$(PY) -m pytest -q --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider tests/golden
 

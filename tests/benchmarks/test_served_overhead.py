@@ -189,6 +189,7 @@ def test_bench_argv_names_the_same_request_set(tmp_path):
 
 # --------------------------------------------------------------------------- one real comparison
 @pytest.mark.engine
+@pytest.mark.extended  # the benchmark's harness on a real server; its arithmetic is tested above
 def test_one_block_on_a_real_server(tmp_path, monkeypatch):
     """1 ABBA block, 2 prompts, on one `vllm serve` of the tiny model: both clients finish, send
     the same requests, and nothing is left running. No timing assertions."""

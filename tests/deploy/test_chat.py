@@ -692,6 +692,9 @@ def test_ctrl_c_at_each_start_phase_stops_everything_it_started(
         pytest.skip(chat.INSTALL_HINT)
     from tunebook.engine.isolation import group_alive
 
+    # What SIGINT did before (the default, or ignored where the test run was started in the
+    # background): the command must put that back.
+    handler_before = signal.getsignal(signal.SIGINT)
     script = tmp_path / "fake_vllm.py"
     script.write_text(FAKE_VLLM)
     monkeypatch.setattr(
@@ -757,7 +760,7 @@ def test_ctrl_c_at_each_start_phase_stops_everything_it_started(
     assert out.count(f"port {asked} is taken") == 1
     if phase in ("app_ready", "serving"):
         assert not chat._answers(f"http://127.0.0.1:{app_port}/")  # the app no longer serves
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) == handler_before  # put back
 
 
 def test_the_panel_jsx_is_packaged():

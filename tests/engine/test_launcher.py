@@ -208,6 +208,7 @@ def test_a_launcher_is_refused_when_its_first_fork_fails(monkeypatch):
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # the fallback rule is launcher.settle's, tested on an isolated point below
 def test_a_server_whose_fork_fails_is_started_afresh(tmp_path):
     """A forked `vllm serve` that exits before any server of its launcher worked (as every one
     did on an H200 in runs/h200-20261205) costs one failed start: the

@@ -104,6 +104,7 @@ def _by_id(folder: Path) -> dict[str, dict]:
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # Ray is opt-in (TUNEBOOK_EXECUTOR=ray)
 def test_ray_sweep_matches_local_and_isolates_a_failure(cluster, tmp_path, monkeypatch):
     pts = _points()
     t0 = time.monotonic()
@@ -155,6 +156,7 @@ def test_ray_sweep_matches_local_and_isolates_a_failure(cluster, tmp_path, monke
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # Ray is opt-in (TUNEBOOK_EXECUTOR=ray)
 def test_ray_isolated_points_ship_their_logs_and_leave_no_engine(cluster, tmp_path):
     pts = make_points(BASE, {"bs32": OK["bs32"], **BAD}, repeats=1)
     df = run_sweep(

@@ -573,6 +573,7 @@ def test_sigint_at_every_phase_stops_an_in_process_sweep_and_a_rerun_resumes(
 
 
 @pytest.mark.engine
+@pytest.mark.extended  # the in-process sweep above runs every phase; Ctrl-C of an isolated one too
 def test_sigint_at_every_engine_phase_stops_an_isolated_sweep_and_a_rerun_resumes(
     tmp_path, monkeypatch, sigint_ignored
 ):
