@@ -175,3 +175,70 @@ def test_serve_sh_runs_as_written(files, tmp_path):
     while (left := _marked(*mark)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, [(p.pid, p.name()) for p in left]
+
+
+def _stub_server(text: str):
+    """An OpenAI-shaped stub that answers every request with ``text`` (no engine: the check's own
+    logic, not vLLM's)."""
+    import http.server
+    import json
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, body: bytes, kind: str = "application/json"):
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._send(json.dumps({"data": [{"id": "stub"}]}).encode())
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            usage = {"completion_tokens": 4 if text else 0}
+            if req.get("stream"):
+                ev = {"choices": [{"text": text}]}
+                self._send(
+                    f"data: {json.dumps(ev)}\n\ndata: [DONE]\n\n".encode(), "text/event-stream"
+                )
+            elif "messages" in req:
+                msg = {"role": "assistant", "content": text}
+                self._send(json.dumps({"choices": [{"message": msg}], "usage": usage}).encode())
+            else:
+                self._send(json.dumps({"choices": [{"text": text}], "usage": usage}).encode())
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize(
+    "text,dummy,passes",
+    [("Paris.", False, True), ("", False, False), ("  \n", False, False), ("", True, True)],
+)
+def test_the_check_fails_on_an_empty_reply_and_says_which(text, dummy, passes):
+    """Real weights: an empty answer fails its step. Dummy weights: it is said, not failed."""
+    srv = _stub_server(text)
+    said = []
+    try:
+        steps = serve.ask(f"http://127.0.0.1:{srv.server_port}", True, out=said.append, dummy=dummy)
+    finally:
+        srv.shutdown()
+    names = [s["name"] for s in steps]
+    assert names == [
+        "GET /v1/models",
+        "POST /v1/completions",
+        "POST /v1/completions (stream)",
+        "POST /v1/chat/completions",
+    ]
+    assert steps[0]["ok"]  # the model is listed either way
+    assert [s["ok"] for s in steps[1:]] == [passes] * 3, steps
+    if not passes:
+        assert sum("FAILED: an empty reply" in line for line in said) == 2, said
+    if dummy:
+        assert sum("(dummy weights: an empty reply, not a failure)" in x for x in said) == 2, said

@@ -213,7 +213,8 @@ def test_gpu_seconds_of_a_resumed_run_add_up_to_its_wall_time(tmp_path, monkeypa
         for o in c.get("outputs", [])
         if o.get("output_type") == "stream"
     )
-    assert "GPU time of 00_baseline over 2 calls" in printed
+    assert "CPU time of 00_baseline over 2 calls" in printed  # a CPU run: no "GPU" in its words
+    assert "device-seconds (" in printed and "GPU" not in printed.split("CPU time of")[1][:120]
     assert "engine starts (start + stop, seconds):" in printed
     assert "engine log:" in printed
     # vLLM's own lines went to the engine log, not into the cells

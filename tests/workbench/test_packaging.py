@@ -81,7 +81,19 @@ def test_there_is_a_golden_per_notebook():
     assert [g.name for g in GOLDENS] == [n.name for n in NOTEBOOKS]
 
 
-@pytest.mark.parametrize("golden", GOLDENS, ids=lambda p: p.stem)
+# A second family's goldens (tests/golden/qwen3: notebook 01 on the tiny Qwen3) are checked alike.
+OTHER_GOLDENS = sorted((ROOT / "tests" / "golden").glob("*/[0-9][0-9]_*.ipynb"))
+
+
+def test_the_second_family_has_its_kv_golden():
+    assert [str(g.relative_to(ROOT / "tests" / "golden")) for g in OTHER_GOLDENS] == [
+        "qwen3/01_kv_cache_sizing.ipynb"
+    ]
+
+
+@pytest.mark.parametrize(
+    "golden", GOLDENS + OTHER_GOLDENS, ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_goldens_run_the_notebooks_sources(golden: Path):
     """nbval re-executes the goldens' own cells: a golden whose code drifted from notebooks/ would
     test code that no longer ships (outputs and papermill's injected parameters aside)."""

@@ -153,11 +153,20 @@ def load_env(config: str | Path) -> dict[str, str]:
     return {}
 
 
-def _uses_tokenizer(config: str | Path) -> bool:
+def _config(config: str | Path) -> dict:
     import yaml
 
-    cfg = yaml.safe_load(Path(config).read_text()) or {}
+    return yaml.safe_load(Path(config).read_text()) or {}
+
+
+def _uses_tokenizer(config: str | Path) -> bool:
+    cfg = _config(config)
     return not cfg.get("skip-tokenizer-init", cfg.get("skip_tokenizer_init", False))
+
+
+def _dummy_weights(config: str | Path) -> bool:
+    cfg = _config(config)
+    return cfg.get("load-format", cfg.get("load_format")) == "dummy"
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> dict:
@@ -180,13 +189,38 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> dict:
     return {"clean": clean, "returncode": proc.returncode, "stop_s": time.perf_counter() - t0}
 
 
-def ask(base: str, tok: bool, max_tokens: int = 16, out=print) -> list[dict]:
+def _first(resp, key: str) -> str | None:
+    """The first choice's text (``key`` "text") or message content ("message"); None if absent."""
+    try:
+        choice = resp["choices"][0]
+        return choice["message"]["content"] if key == "message" else choice["text"]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def ask(base: str, tok: bool, max_tokens: int = 16, out=print, dummy: bool = False) -> list[dict]:
     """The deployment check's requests to a server or router at ``base``: /v1/models, a completion,
-    a streamed completion, and a chat completion where the server has a tokenizer."""
+    a streamed completion, and a chat completion where the server has a tokenizer.
+
+    An empty or missing answer fails its step, except with dummy weights (``dummy``): a random
+    model's answer means nothing (it may well be one end-of-turn token), so there it is only
+    reported and the HTTP exchange is what is checked."""
     steps: list[dict] = []
 
-    def step(name, status, payload, ms, text=None):
-        ok = status == 200
+    def step(name, status, payload, ms, text=None, generated=True):
+        # An answer that is empty or missing checks nothing: HTTP 200 alone is not a pass. Without
+        # a tokenizer (skip-tokenizer-init) there is no text, so generated tokens count instead.
+        empty = None
+        if status == 200:
+            if text is None:
+                empty = "nothing in the response"
+            elif not generated:
+                pass
+            elif tok and not str(text).strip():
+                empty = "an empty reply"
+            elif not tok and not ((payload or {}).get("usage") or {}).get("completion_tokens"):
+                empty = "no tokens generated"
+        ok = status == 200 and (empty is None or dummy)
         steps.append(
             {
                 "name": name,
@@ -195,10 +229,14 @@ def ask(base: str, tok: bool, max_tokens: int = 16, out=print) -> list[dict]:
                 "ok": ok,
                 "text": text,
                 "response": payload if not ok else None,
+                **({"error": empty} if empty else {}),
             }
         )
         shown = text if text is not None else (payload if not ok else "")
-        out(f"[serve] {name}: HTTP {status} in {ms:.0f} ms  {shown!r}"[:600])
+        said = ""
+        if empty:
+            said = f"  (dummy weights: {empty}, not a failure)" if dummy else f"  FAILED: {empty}"
+        out(f"[serve] {name}: HTTP {status} in {ms:.0f} ms  {shown!r}"[:600] + said)
         return ok
 
     st, models, ms = http("GET", f"{base}/v1/models")
@@ -207,11 +245,11 @@ def ask(base: str, tok: bool, max_tokens: int = 16, out=print) -> list[dict]:
         if st == 200 and isinstance(models, dict) and models.get("data")
         else None
     )
-    step("GET /v1/models", st, models, ms, model)
+    step("GET /v1/models", st, models, ms, model, generated=False)
     prompt = COMPLETION_PROMPT if tok else [5, 6, 7, 8, 9, 10, 11, 12]
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
     st, resp, ms = http("POST", f"{base}/v1/completions", body)
-    text = resp["choices"][0]["text"] if st == 200 else None
+    text = _first(resp, "text") if st == 200 else None
     step("POST /v1/completions", st, resp, ms, text)
     try:
         s = stream(f"{base}/v1/completions", body)
@@ -219,7 +257,10 @@ def ask(base: str, tok: bool, max_tokens: int = 16, out=print) -> list[dict]:
             {
                 "name": "POST /v1/completions (stream)",
                 **s,
-                "ok": s["status"] == 200 and s["chunks"] > 0,
+                # tokens streamed: text where there is a tokenizer, chunks where there is none
+                "ok": s["status"] == 200
+                and s["chunks"] > 0
+                and (not tok or dummy or bool(s["text"].strip())),
             }
         )
         out(
@@ -237,7 +278,7 @@ def ask(base: str, tok: bool, max_tokens: int = 16, out=print) -> list[dict]:
             "temperature": 0.0,
         }
         st, resp, ms = http("POST", f"{base}/v1/chat/completions", body)
-        text = resp["choices"][0]["message"]["content"] if st == 200 else None
+        text = _first(resp, "message") if st == 200 else None
         step("POST /v1/chat/completions", st, resp, ms, text)
     else:
         out("[serve] POST /v1/chat/completions: skipped (no tokenizer: skip-tokenizer-init)")
@@ -290,7 +331,9 @@ def check(
         if not _became_healthy(base, proc, timeout_s, log_path, result, out):
             return result
         out(f"[serve] healthy after {result['start_s']:.1f} s")
-        result["steps"] = ask(base, _uses_tokenizer(config), max_tokens, out)
+        result["steps"] = ask(
+            base, _uses_tokenizer(config), max_tokens, out, dummy=_dummy_weights(config)
+        )
         result["ok"] = all(s["ok"] for s in result["steps"])
         return result
     finally:
@@ -370,8 +413,10 @@ def check_start_script(
     with running_deployment(folder, port, timeout_s, env, out) as result:
         if "start_s" not in result:
             return result
-        tok = any(_uses_tokenizer(p) for p in sorted(folder.glob("replica*.yaml"))[:1])
-        result["steps"] = ask(result["url"], tok, max_tokens, out)
+        first = sorted(folder.glob("replica*.yaml"))[:1]
+        tok = any(_uses_tokenizer(p) for p in first)
+        dummy = any(_dummy_weights(p) for p in first)
+        result["steps"] = ask(result["url"], tok, max_tokens, out, dummy=dummy)
         result["ok"] = all(s["ok"] for s in result["steps"])
         if overload is not None and result["ok"]:
             deploy = json.loads((folder / "deployment.json").read_text())

@@ -143,7 +143,8 @@ def _call_seconds(notebook: str) -> float:
 
 
 def gpu_time_text(run_dir: str | Path, notebook: str, running_s: float | None = None) -> str:
-    """This notebook's GPU-seconds (earlier calls and this one) and their split, in one line."""
+    """This notebook's device-seconds (GPU-seconds on a GPU; earlier calls and this one) and their
+    split, in one line."""
     running = _call_seconds(notebook) if running_s is None else running_s
     r = cost.notebook_cost(run_dir, notebook, running_s=running)
     parts = ", ".join(
@@ -151,8 +152,10 @@ def gpu_time_text(run_dir: str | Path, notebook: str, running_s: float | None = 
         for c in cost.CATEGORIES
     )
     calls = f" over {r['calls']} calls" if r["calls"] > 1 else ""
+    platform = cost.run_platform(run_dir)  # a CPU run's time is not called GPU time
     return (
-        f"GPU time of {notebook}{calls}: {r['gpu_s']:.0f} device-seconds ({parts});"
+        f"{cost.device_name(platform)} time of {notebook}{calls}: {r['gpu_s']:.0f}"
+        f" {cost.seconds_label(platform)} ({parts});"
         f" {r['points']} points, {r['failed_points']} failed"
     )
 
