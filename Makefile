@@ -28,13 +28,14 @@ test-all: setup
 	$(MAKE) --no-print-directory goldens-check
 
 goldens-check:
-	rm -rf tests/golden/_nbval_run
+	rm -rf tests/golden/_nbval_run tests/golden/*/_nbval_run
 	$(PY) -m pytest -q --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider tests/golden
 
-# Regenerate the nbval goldens: the notebooks executed on the cpu profile, run folder relative.
+# Regenerate the nbval goldens (the notebooks executed on the ci profile, run folder relative, and
+# 01 on the tiny Qwen3: params/ci-qwen3.yaml); GOLDENS=ci-qwen3 remakes one set.
+GOLDENS ?=
 goldens: setup
-	rm -rf tests/golden && mkdir -p tests/golden
-	$(PY) scripts/make_goldens.py
+	$(PY) scripts/make_goldens.py $(GOLDENS)
 
 lint: setup
 	$(PY) -m ruff check --fix . && $(PY) -m ruff format .

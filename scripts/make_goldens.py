@@ -35,30 +35,45 @@ def neutral_paths(nb) -> None:
         cell.outputs = nbformat.from_dict(json.loads(text))
 
 
-def main() -> None:
-    GOLDEN.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(GOLDEN / "_nbval_run", ignore_errors=True)
-    prof = load_profile("ci")  # the cpu profile made smaller for CI (params/ci.yaml)
-    for name in NOTEBOOKS:
+# (profile, notebooks, folder under tests/golden): the whole workbook on the tiny ERNIE, and a
+# second family's KV sizing (its capacity exact against the engine's) on the tiny Qwen3.
+GOLDEN_SETS = [
+    ("ci", list(NOTEBOOKS), GOLDEN),
+    ("ci-qwen3", ["01_kv_cache_sizing"], GOLDEN / "qwen3"),
+]
+
+
+def execute(profile: str, names: list[str], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder / "_nbval_run", ignore_errors=True)
+    prof = load_profile(profile)
+    for name in names:
         params = {**notebook_params(prof, name), "run_dir": "_nbval_run"}
-        print(f"golden: {name}", flush=True)
+        print(f"golden: {folder.relative_to(GOLDEN.parent)}/{name} ({profile})", flush=True)
         pm.execute_notebook(
             str(NOTEBOOKS_DIR / f"{name}.ipynb"),
-            str(GOLDEN / f"{name}.ipynb"),
+            str(folder / f"{name}.ipynb"),
             parameters=params,
-            cwd=str(GOLDEN),
+            cwd=str(folder),
             progress_bar=False,
             kernel_name="python3",
         )
         # The saved widget state (the explorer's plotly bundle, ~5 MB) is not compared by nbval.
-        nb = nbformat.read(GOLDEN / f"{name}.ipynb", as_version=4)
+        nb = nbformat.read(folder / f"{name}.ipynb", as_version=4)
         nb.metadata.pop("widgets", None)
         nb.metadata.get("papermill", {}).update(
             input_path=f"notebooks/{name}.ipynb", output_path=None
         )
         neutral_paths(nb)
-        nbformat.write(nb, GOLDEN / f"{name}.ipynb")
-    shutil.rmtree(GOLDEN / "_nbval_run", ignore_errors=True)
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    shutil.rmtree(folder / "_nbval_run", ignore_errors=True)
+
+
+def main() -> None:
+    only = sys.argv[1:]  # profile names to remake (default: all)
+    for profile, names, folder in GOLDEN_SETS:
+        if not only or profile in only:
+            execute(profile, names, folder)
 
 
 if __name__ == "__main__":
