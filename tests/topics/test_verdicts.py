@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import point
 
 from tunebook.core import claims
 from tunebook.core.model import ERNIE_03B, load_shape
@@ -35,19 +36,16 @@ def _is_verdict(v: dict, claim: str, word: str) -> None:
 
 # --------------------------------------------------------------------------- 00: C1, C6, C9
 def _point(config, repeat, metrics, status="ok", capacity=None, memory=None, timeline=2, wl="chat"):
-    return {
-        "point_id": f"{config}-r{repeat}",
-        "config": config,
-        "repeat": repeat,
-        "status": status,
-        "settings": {},
-        "workload": {"name": wl},
-        "metrics": metrics if status == "ok" else {},
-        "capacity": capacity or {},
-        "memory": memory or {},
-        "timeline": [{"t_s": i * 0.25} for i in range(timeline)],
-        "error": None if status == "ok" else "EngineFailure: boom",
-    }
+    return point(
+        config,
+        repeat,
+        status,
+        workload={"name": wl},
+        metrics=metrics if status == "ok" else {},
+        capacity=capacity or {},
+        memory=memory or {},
+        timeline=[{"t_s": i * 0.25} for i in range(timeline)],
+    )
 
 
 def _baseline_frames(e2e_default, e2e_article, memory=None):
