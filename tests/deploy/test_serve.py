@@ -1,9 +1,10 @@
 """`vllm serve` with an assembled configuration, on CPU with the tiny model, checked over HTTP.
 
-Two server starts (~30-60 s each on two cores: the API server and its EngineCore each import
-vLLM): serve.yaml through ``python -m tunebook.serve --check``, and serve.sh run by bash as written.
-The configuration includes a false boolean (prefix caching off) to prove that the YAML spelling
-reaches the engine, and is first parsed with vLLM's own `vllm serve` parser.
+One server start (~30 s on two cores: the API server and its EngineCore each import vLLM):
+serve.sh run by bash as written, answering and shutting down cleanly on SIGTERM. The
+configuration includes a false boolean (prefix caching off) to prove that the YAML spelling
+reaches the engine, and is first parsed with vLLM's own `vllm serve` parser. The check's own
+logic (``python -m tunebook.serve --check``: start, /health, ask, stop) runs on a stub server.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from stub_server import stub_server
 
 from tunebook.deploy import serve, writers
 from tunebook.engine import adapter, flags, vllm_http
 from tunebook.topics import assemble
+
+STUB = str(Path(__file__).with_name("stub_server.py"))
 
 MIB = 1024**2
 SETTINGS = {
@@ -74,12 +78,16 @@ def test_serve_files_parse_to_the_chosen_settings(files):
 
 
 @pytest.mark.engine
-def test_serve_check_answers_and_shuts_down(files):
+def test_serve_check_answers_and_shuts_down(files, monkeypatch):
+    """serve.check's own logic: start what `vllm serve --config` would be (a stub server here:
+    the real server's answers and clean SIGTERM shutdown are test_serve_sh_runs_as_written's),
+    wait for /health, ask, stop; nothing of it is left."""
     paths, _ = files
+    monkeypatch.setattr(serve, "vllm_command", lambda config, *a: [sys.executable, STUB, *a])
+    mark = ("TUNEBOOK_SERVE_CHECK_TEST", uuid.uuid4().hex)
     lines: list[str] = []
-    res = serve.check(paths["serve.yaml"], timeout_s=300, out=lines.append)
-    log = open(res["log"]).read()
-    assert res["ok"], "\n".join(lines) + "\n" + log[-3000:]
+    res = serve.check(paths["serve.yaml"], timeout_s=60, env=dict([mark]), out=lines.append)
+    assert res["ok"], "\n".join(lines)
     names = [s["name"] for s in res["steps"]]
     assert names == [
         "GET /v1/models",
@@ -87,25 +95,37 @@ def test_serve_check_answers_and_shuts_down(files):
         "POST /v1/completions (stream)",
         "POST /v1/chat/completions",
     ]
-    assert res["steps"][0]["text"] == "tiny-ernie"
+    assert res["steps"][0]["text"] == "stub"
     assert res["steps"][2]["chunks"] > 0 and res["steps"][2]["ttft_ms"] > 0
     assert all(s["latency_ms"] > 0 for s in res["steps"])
-    assert res["shutdown"]["clean"], res["shutdown"]
-    assert "enable_prefix_caching=False" in log  # the engine got the false boolean
-    assert "healthy after" in lines[1]
-    # Nothing of the server is left: not its process, nor anything started for this config.
-    assert (
-        not psutil.pid_exists(res["pid"])
-        or psutil.Process(res["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert res["shutdown"]["returncode"] is not None, res["shutdown"]
+    assert "healthy after" in lines[1] and lines[-1].startswith("[serve] stopped:")
+    assert _marked(*mark) == []  # nothing of the server is left
+
+
+@pytest.mark.slow
+def test_the_check_of_a_replica_deployment_runs_its_start_sh_and_stops_its_group(tmp_path):
+    """`python -m tunebook.serve <folder> --check` of a replica deployment: bash start.sh as
+    written, the check's requests through what it serves on $PORT, then its whole process group
+    stopped. (start.sh here runs a stub and a child of its own; the written start.sh with two
+    real replicas behind vllm-router is test_overload's.)"""
+    folder = tmp_path / "deployment"
+    folder.mkdir()
+    (folder / "deployment.json").write_text('{"replicas": 2}')
+    (folder / "replica0.yaml").write_text("model: stub\n")
+    (folder / "start.sh").write_text(f'sleep 600 &\nexec {sys.executable} {STUB} --port "$PORT"\n')
+    mark = ("TUNEBOOK_SERVE_CHECK_TEST", uuid.uuid4().hex)
+    r = subprocess.run(
+        [sys.executable, "-m", "tunebook.serve", str(folder), "--check", "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, mark[0]: mark[1]},
     )
-    left = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if str(paths["serve.yaml"]) in " ".join(p.info["cmdline"] or []):
-                left.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    assert not left, left
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "2 replicas behind vllm-router" in r.stdout
+    assert "POST /v1/chat/completions: HTTP 200" in r.stdout and "check passed" in r.stdout
+    assert _marked(*mark) == []  # the stub and its `sleep` went with the group
 
 
 def _marked(key: str, value: str) -> list[psutil.Process]:
@@ -171,50 +191,11 @@ def test_serve_sh_runs_as_written(files, tmp_path):
     finally:
         shutdown = serve.stop(proc)  # SIGTERM to the process group, then SIGKILL to what is left
     assert shutdown["clean"], shutdown
+    assert "enable_prefix_caching=False" in log.read_text()  # the engine got the false boolean
     deadline = time.monotonic() + 30
     while (left := _marked(*mark)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, [(p.pid, p.name()) for p in left]
-
-
-def _stub_server(text: str):
-    """An OpenAI-shaped stub that answers every request with ``text`` (no engine: the check's own
-    logic, not vLLM's)."""
-    import http.server
-    import json
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _send(self, body: bytes, kind: str = "application/json"):
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            self._send(json.dumps({"data": [{"id": "stub"}]}).encode())
-
-        def do_POST(self):
-            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            usage = {"completion_tokens": 4 if text else 0}
-            if req.get("stream"):
-                ev = {"choices": [{"text": text}]}
-                self._send(
-                    f"data: {json.dumps(ev)}\n\ndata: [DONE]\n\n".encode(), "text/event-stream"
-                )
-            elif "messages" in req:
-                msg = {"role": "assistant", "content": text}
-                self._send(json.dumps({"choices": [{"message": msg}], "usage": usage}).encode())
-            else:
-                self._send(json.dumps({"choices": [{"text": text}], "usage": usage}).encode())
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
 
 
 @pytest.mark.parametrize(
@@ -223,7 +204,7 @@ def _stub_server(text: str):
 )
 def test_the_check_fails_on_an_empty_reply_and_says_which(text, dummy, passes):
     """Real weights: an empty answer fails its step. Dummy weights: it is said, not failed."""
-    srv = _stub_server(text)
+    srv = stub_server(text)
     said = []
     try:
         steps = serve.ask(f"http://127.0.0.1:{srv.server_port}", True, out=said.append, dummy=dummy)

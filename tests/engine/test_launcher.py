@@ -252,32 +252,71 @@ class _Exited:
         return 1
 
 
-def test_a_setting_that_fails_afresh_too_keeps_the_launcher(monkeypatch, tmp_path):
-    """A forked server failed, and started afresh it failed again: the setting's fault, not the
-    fork's, so the error is raised and the launcher of that environment forks again."""
+def _fork_that_fails_with(monkeypatch, forked_says: str, afresh_says: str | None):
+    """launcher.start gives a forked server that exited with code 1 after logging
+    ``forked_says``; a server started afresh logs ``afresh_says`` and exits too (None: the test
+    fails if one is started)."""
     monkeypatch.setattr(launcher, "_TRUSTED", set())
     monkeypatch.setattr(launcher, "_REFUSED", set())
     monkeypatch.setattr(served, "kill_group", lambda proc: None)
 
     def forked(kind, argv, log, env, fresh_cmd, fork=True):
-        Path(log).write_text("ValueError: no such setting\n")
+        Path(log).write_text(forked_says + "\n")
         child = launcher.LaunchedProcess(999_999, argv)
         child._exited(1)
         return child, "forked"
 
     def spawned(cmd, f, env):
-        f.write("ValueError: no such setting, afresh\n")
+        if afresh_says is None:
+            pytest.fail("started afresh")
+        f.write(afresh_says + "\n")
         return _Exited()
 
     monkeypatch.setattr(launcher, "start", forked)
     monkeypatch.setattr(served, "spawn", spawned)
+
+
+def test_a_setting_that_fails_afresh_too_keeps_the_launcher(monkeypatch, tmp_path):
+    """A forked server failed in a way a fork can cause, and started afresh it failed again: the
+    setting's fault, not the fork's, so the error is raised and the launcher forks again."""
+    _fork_that_fails_with(
+        monkeypatch, "RuntimeError: CUDA error: initialization error", "RuntimeError: afresh too"
+    )
     dep = served.Deployment(Point.from_dict(point("bad")), tmp_path)
     dep._start_replica(0, 12345)
-    with pytest.raises(RuntimeError, match="no such setting, afresh"):
+    with pytest.raises(RuntimeError, match="afresh too"):
         dep._wait_healthy(0)
-    assert dep.fork_failure == "ValueError: no such setting" and dep.server_start == "spawned"
+    assert dep.fork_failure.startswith("RuntimeError: CUDA error") and dep.server_start == "spawned"
     assert (tmp_path / "replica0.forked.log").is_file()
     assert launcher._REFUSED == set()  # pardoned: the next server is forked again
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "(EngineCore pid=7) ValueError: To serve at least one request with the models's max seq"
+        " len (512), (0.01 GiB KV cache is needed, which is larger than the available KV cache",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+    ],
+)
+def test_a_setting_vllm_refuses_fails_at_once_without_a_fresh_start(monkeypatch, tmp_path, said):
+    """vLLM's own refusal of a setting (a ValueError, a validation error) is no fork's doing:
+    the point fails on the first start with vLLM's reason, and the launcher is not blamed."""
+    _fork_that_fails_with(monkeypatch, said, None)
+    dep = served.Deployment(Point.from_dict(point("bad")), tmp_path)
+    dep._start_replica(0, 12345)
+    with pytest.raises(RuntimeError, match="exited with code 1 before it became healthy"):
+        dep._wait_healthy(0)
+    assert dep.fork_failure is None and dep.server_start == "forked"
+    assert launcher._REFUSED == set()
+
+
+def test_what_counts_as_vllm_refusing_a_setting():
+    assert launcher.refused_by_vllm("ValueError: max_model_len 9999 > 4096")
+    assert launcher.refused_by_vllm("1 validation error for VllmConfig\nfield ...")
+    assert not launcher.refused_by_vllm("RuntimeError: CUDA error: initialization error")
+    assert not launcher.refused_by_vllm("OSError: [Errno 9] Bad file descriptor")
+    assert not launcher.refused_by_vllm(None) and not launcher.refused_by_vllm("")
 
 
 def test_a_forked_server_killed_by_a_signal_is_not_started_again(monkeypatch, tmp_path):

@@ -22,8 +22,7 @@ from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import meets_slo, slo_holds, slo_text
 from tunebook.core.model import load_shape
 from tunebook.core.points import Point
-from tunebook.deploy import writers
-from tunebook.engine import flags, vllm_http
+from tunebook.engine import vllm_http
 from tunebook.measure import served
 from tunebook.measure.loadgen import ClientRequest, LoadGenerator, record_from_stamps
 
@@ -626,6 +625,9 @@ def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound
             settings={**SETTINGS, "max_num_seqs": 1, "stream_interval": 8},
             workload={"kind": "fixed", "prompt_len": 16, "output_len": 24, "seed": 3},
             slo=generous,
+            # A server of its own, not forked: forked, this test failed 4 of 7 runs on a quiet
+            # 2-core machine (the generous SLO missed, or keep-up 0.96 at "2.5x"); the cause
+            # is not found. Spawned it has held in every run so far.
             serve={"launcher": "spawn"},
         )
     )
@@ -650,7 +652,7 @@ def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound
         assert wait_gone() == []
     assert s["slo_holds"] is True  # what a short window alone would call held
     assert s["sustained"] is False and s["window_s_needed"] > s["window_s"]  # too short to say
-    assert m["slo_holds"] is True and m["sustained"] is False
+    assert m["slo_holds"] is True and m["sustained"] is False, m
     assert m["keep_up_requests"] < 0.8, m  # about 40% of what arrived
     assert "fell behind" in m["why_not_sustained"]
     assert g["slo_holds"] is False and g["chunk_gap_p99_ms"] > 1.0  # the gap bound alone broke it
@@ -751,39 +753,8 @@ def test_a_replica_that_cannot_start_fails_the_point_with_vllms_reason(tmp_path)
     assert res["status"] == "failed"
     assert "replica 0 (vllm serve) exited with code" in res["error"]
     assert "KV cache" in res["error"] or "memory" in res["error"], res["error"]
-    assert wait_gone() == []
-
-
-@pytest.mark.engine
-def test_the_written_multi_replica_deployment_runs_as_written(tmp_path):
-    """start.sh of a 2-replica deployment, run by `python -m tunebook.serve <folder> --check`:
-    completions and chat through vllm-router, then every process it started is gone."""
-    import subprocess
-    import sys
-
-    kwargs = flags.deploy_kwargs("tiny-ernie", SETTINGS)
-    choice = {
-        "scenario": "high_concurrency_chat",
-        "scenario_title": "chat",
-        "objective": "capacity",
-        "slo": {},
-        "changed": {},
-        "decisions": [],
-    }
-    writers.write_deployment(
-        tmp_path / "deployment", choice, kwargs, 2, served_model_name="tunebook"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # an activated venv
-    r = subprocess.run(
-        [sys.executable, "-m", "tunebook.serve", str(tmp_path / "deployment"), "--check"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert "POST /v1/chat/completions: HTTP 200" in r.stdout and "check passed" in r.stdout
+    # vLLM refused the setting: one start, not a second one afresh (no fork is to blame)
+    assert not list(tmp_path.rglob("*.forked.log")), res["error"]
     assert wait_gone() == []
 
 

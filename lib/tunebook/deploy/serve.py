@@ -395,6 +395,15 @@ def running_deployment(
         out(f"[serve] stopped the deployment (process group {proc.pid})")
 
 
+def ask_deployment(folder: str | Path, base: str, max_tokens: int = 16, out=print) -> list[dict]:
+    """The check's requests (``ask``) to a running replica deployment at ``base``, as its first
+    replica's file says to ask: with or without a tokenizer, dummy weights or not."""
+    first = sorted(Path(folder).glob("replica*.yaml"))[:1]
+    tok = any(_uses_tokenizer(p) for p in first)
+    dummy = any(_dummy_weights(p) for p in first)
+    return ask(base, tok, max_tokens, out, dummy=dummy)
+
+
 def check_start_script(
     folder: str | Path,
     port: int | None = None,
@@ -413,10 +422,7 @@ def check_start_script(
     with running_deployment(folder, port, timeout_s, env, out) as result:
         if "start_s" not in result:
             return result
-        first = sorted(folder.glob("replica*.yaml"))[:1]
-        tok = any(_uses_tokenizer(p) for p in first)
-        dummy = any(_dummy_weights(p) for p in first)
-        result["steps"] = ask(result["url"], tok, max_tokens, out, dummy=dummy)
+        result["steps"] = ask_deployment(folder, result["url"], max_tokens, out)
         result["ok"] = all(s["ok"] for s in result["steps"])
         if overload is not None and result["ok"]:
             deploy = json.loads((folder / "deployment.json").read_text())

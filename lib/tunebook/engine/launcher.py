@@ -33,6 +33,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -321,6 +322,15 @@ def pardon(kind: str, env: dict[str, str]) -> None:
         _REFUSED.discard(_key(kind, env))
 
 
+def refused_by_vllm(reason: str | None) -> bool:
+    """Whether a failed start's reason is vLLM refusing the setting: a ValueError or a pydantic
+    validation error, which its config and memory checks raise (no room for one request's KV,
+    an unknown option). A fork cannot cause those; what a broken fork gives is a RuntimeError
+    from the driver or a crash, as on the H200 of 2026-12-05."""
+    first = (reason or "").split("\n", 1)[0]
+    return re.search(r"\bValueError: |\bvalidation errors? for\b", first) is not None
+
+
 def settle(
     kind: str,
     env: dict[str, str],
@@ -329,18 +339,20 @@ def settle(
     ok: bool,
     external: bool = False,
     retried: bool = False,
+    own: bool = False,
 ) -> bool:
     """What a started process's outcome says about the launcher of ``env``; True: start it
     afresh (once). The one fork-then-fallback rule of isolated points and `vllm serve` replicas:
 
     - forked and worked: the launcher is vouched for, its later failures are the process's own;
     - forked and failed of itself (``external``: a signal or a timeout from outside is not the
-      fork's doing): unless the launcher worked before, fork no more and start afresh;
+      fork's doing; ``own``: vLLM refused the setting, ``refused_by_vllm``): unless the launcher
+      worked before, fork no more and start afresh;
     - started afresh after that (``retried``) and failed again: not the fork, pardon it.
     """
     if forked and ok:
         vouch(kind, env)
-    elif forked and not external:
+    elif forked and not external and not own:
         return refuse(kind, env)
     elif not forked and not ok and retried:
         pardon(kind, env)

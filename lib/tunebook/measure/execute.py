@@ -281,6 +281,7 @@ def _run_child(
             ok=result.get("status") == "ok",
             external=timed_out or killed,
             retried=fork_failure is not None,
+            own=launcher.refused_by_vllm(failure_reason(log_text)),
         )
         if afresh:
             print(

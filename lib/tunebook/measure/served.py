@@ -423,6 +423,7 @@ class Deployment:
                     ok=False,
                     external=proc.returncode <= 0,  # a signal came from outside
                     retried=self.fork_failure is not None,
+                    own=launcher.refused_by_vllm(reason),
                 )
                 if afresh:
                     print(
