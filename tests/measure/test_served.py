@@ -611,7 +611,7 @@ def test_capacity_search_on_one_engine_start(tmp_path):
 
 @pytest.mark.engine
 def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound_breaks(tmp_path):
-    """A tiny engine that runs one request at a time, offered 2.5x what it drains: a 1.5-s
+    """A tiny engine that runs one request at a time, offered 2x what it drains: a 1.5-s
     window meets a generous SLO (the queue has not built up yet); held longer, the same rate
     meets the SLO still, but the sustained rule finds it falling behind and filling up. The same
     start, with the gaps between streamed chunks bounded below what stream_interval 8 gives,
@@ -623,23 +623,24 @@ def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound
         point(
             "drain",
             settings={**SETTINGS, "max_num_seqs": 1, "stream_interval": 8},
-            workload={"kind": "fixed", "prompt_len": 16, "output_len": 24, "seed": 3},
+            workload={"kind": "fixed", "prompt_len": 16, "output_len": 96, "seed": 3},
             slo=generous,
-            # A server of its own, not forked: forked, this test failed 4 of 7 runs on a quiet
-            # 2-core machine (the generous SLO missed, or keep-up 0.96 at "2.5x"); the cause
-            # is not found. Spawned it has held in every run so far.
-            serve={"launcher": "spawn"},
+            serve={"launcher": "spawn"},  # a `vllm serve` of its own: that way is tested here
         )
     )
     vocab = load_shape("tiny-ernie").vocab_size
     search = {**served.SEARCH_DEFAULTS, "min_requests": 3}
     try:
         with served.Deployment(p, tmp_path) as dep:
+            assert dep.server_start == "spawned"  # serve.launcher "spawn": a process of its own
             dep.warmup(1)
             # What it drains: a batch of 8 at once, one at a time (on this machine, now).
             batch = make_workload({**p.workload, "num_requests": 8}, vocab_size=vocab)
             drained = dep.run(batch, point=p)["metrics"]["request_throughput_rps"]
-            rate = 2.5 * drained
+            # 2x, not more: at 2.5x of 24-token replies the queue reached ~300 and 36 of 715
+            # requests errored, and where the median latency outgrows the 8-s window there is no
+            # earlier span to compare completions with (keep-up None); both seen on 2 cores.
+            rate = 2.0 * drained
             short = served.rate_workload(p.workload, rate, 0, search, vocab, window_s=1.5)
             s = dep.run(short, point=p, min_window_s=1.5)["metrics"]
             # Held for 40 requests' worth of arrivals (at least 8 s): enough to count who kept up.
@@ -652,8 +653,8 @@ def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound
         assert wait_gone() == []
     assert s["slo_holds"] is True  # what a short window alone would call held
     assert s["sustained"] is False and s["window_s_needed"] > s["window_s"]  # too short to say
-    assert m["slo_holds"] is True and m["sustained"] is False, m
-    assert m["keep_up_requests"] < 0.8, m  # about 40% of what arrived
+    assert m["slo_holds"] is True and m["sustained"] is False, json.dumps(m)
+    assert m["keep_up_requests"] < 0.8, json.dumps(m)  # about half of what arrived
     assert "fell behind" in m["why_not_sustained"]
     assert g["slo_holds"] is False and g["chunk_gap_p99_ms"] > 1.0  # the gap bound alone broke it
     assert slo_text(gap.slo).endswith("every chunk gap <= 1 ms")
@@ -663,14 +664,14 @@ def test_a_rate_a_short_window_passes_fails_when_sustained_and_a_chunk_gap_bound
 def test_one_deployment_start_serves_every_workload_of_a_configuration(tmp_path):
     """A served sweep with two workloads and two configurations: one start per configuration,
     each point written as it finishes, the second point naming the start it reused, and nothing
-    is left."""
+    is left. (A setting only the server reads, stream_interval, is a configuration of its own.)"""
     from tunebook.measure.sweep import make_points, run_sweep
 
     wls = {
         "short": {"kind": "fixed", "num_requests": 4, "prompt_len": 16, "output_len": 4},
         "long": {"kind": "fixed", "num_requests": 3, "prompt_len": 200, "output_len": 8},
     }
-    b = {"settings": {**SETTINGS, "stream_interval": 4}, "serve": {"launcher": "spawn"}}
+    b = {"settings": {**SETTINGS, "stream_interval": 4}}
     pts = make_points(point("unused"), {"a": {}, "b": b}, 1, wls)
     df = run_sweep(pts, tmp_path / "sw", progress=False)
     try:
@@ -686,61 +687,15 @@ def test_one_deployment_start_serves_every_workload_of_a_configuration(tmp_path)
         assert a0["workload"]["num_requests"] == 4 and a1["workload"]["num_requests"] == 3
         assert a1["metrics"]["num_requests"] == 3
         assert res["b--long-r0"]["shared_start"] == "b--short-r0"
-        # a forked from the session's launcher, b a new `vllm serve` process: both serve
-        assert a0["env"]["server_start"] == "forked"
-        assert res["b--short-r0"]["env"]["server_start"] == "spawned"
+        # both forked from the session's launcher (serve.launcher "spawn": the drain test's)
+        assert a0["env"]["server_start"] == res["b--short-r0"]["env"]["server_start"] == "forked"
+        assert a0["engine_start_s"] != res["b--short-r0"]["engine_start_s"]  # two starts
         assert sorted(p.name for p in (tmp_path / "sw" / "logs").iterdir()) == [
             "a--short-r0",
             "b--short-r0",
         ]  # one deployment's logs per start
     finally:
         assert wait_gone() == []
-
-
-@pytest.mark.engine
-def test_a_replica_that_dies_mid_run_fails_the_point_and_nothing_is_left(tmp_path):
-    """The first engine-state sample of the run kills replica 1: the point is failed with the
-    reason, and every replica's group and the router are gone."""
-    from tunebook.measure.execute import workload_of
-
-    p = Point.from_dict(
-        point(
-            "dies",
-            serve={"replicas": 2},
-            workload={
-                "kind": "fixed",
-                "num_requests": 40,
-                "prompt_len": 32,
-                "output_len": 64,
-                "request_rate": 4,
-            },
-        )
-    )
-    dep: dict = {}
-    orig = served.Deployment.start
-
-    def start(self):
-        dep["d"] = self
-        return orig(self)
-
-    killed = []
-
-    def on_sample(_s):
-        if not killed:
-            os.killpg(dep["d"].procs[1].pid, signal.SIGKILL)
-            killed.append(True)
-
-    served.Deployment.start = start
-    try:
-        res = served.execute_served(p, workload_of(p), on_sample=on_sample, log_dir=tmp_path)
-    finally:
-        served.Deployment.start = orig
-    assert killed and res["status"] == "failed"
-    assert "replica 1 died during the run (killed by SIGKILL; 1 of 2" in res["error"], res["error"]
-    # The whole group was killed, by hand here: nothing of it was left, and memory is said.
-    assert "nothing of its process group still ran; " in res["error"], res["error"]
-    assert " GiB" in res["error"] or "memory not known" in res["error"], res["error"]
-    assert wait_gone() == []
 
 
 @pytest.mark.engine
@@ -759,7 +714,7 @@ def test_a_replica_that_cannot_start_fails_the_point_with_vllms_reason(tmp_path)
 
 
 # Last in the file: the module's shared deployment lives until the module ends, and the tests
-# above check that nothing of theirs is left.
+# above check that nothing of theirs is left. The test that kills one of its replicas is last.
 @pytest.fixture(scope="module")
 def two_replicas(tmp_path_factory):
     """Two tiny replicas behind vllm-router (round robin), started once for the module."""
@@ -768,6 +723,7 @@ def two_replicas(tmp_path_factory):
     dep.start()
     yield dep
     dep.shutdown()
+    assert wait_gone() == []  # every replica's group and the router, the killed one's too
 
 
 @pytest.mark.engine
@@ -801,6 +757,42 @@ def test_router_spreads_requests_over_replicas(two_replicas):
     chat = {"model": "tunebook", "messages": [{"role": "user", "content": "你好"}], "max_tokens": 3}
     st, body, _ = http("POST", dep.url + "/v1/chat/completions", chat)
     assert st == 200 and body["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.engine
+def test_a_replica_that_dies_mid_run_fails_the_run_and_says_why(two_replicas):
+    """The first engine-state sample of a run kills replica 1's process group: the run fails
+    with the reason, the signal and the group's state named. (Last of the module's shared
+    deployment, which it leaves with a dead replica; the module's end stops the rest, and
+    test_a_failed_point_of_a_group_keeps_its_seconds... covers how a point takes a failed run.)"""
+    from tunebook.core.workloads import make_workload
+
+    dep = two_replicas
+    wl = make_workload(
+        {
+            "kind": "fixed",
+            "num_requests": 20,
+            "prompt_len": 32,
+            "output_len": 64,
+            "request_rate": 4,
+        },
+        vocab_size=load_shape("tiny-ernie").vocab_size,
+    )
+    killed = []
+
+    def on_sample(_s):
+        if not killed:
+            os.killpg(dep.procs[1].pid, signal.SIGKILL)
+            killed.append(True)
+
+    with pytest.raises(RuntimeError) as e:
+        dep.run(wl, on_sample=on_sample)
+    said = str(e.value)
+    assert killed and "replica 1 died during the run (killed by SIGKILL; 1 of 2" in said, said
+    # the whole group was killed, by hand here: nothing of it was left, and memory is said
+    assert "nothing of its process group still ran; " in said, said
+    assert " GiB" in said or "memory not known" in said, said
+    assert dep.alive() == [1]
 
 
 @pytest.mark.vllm
