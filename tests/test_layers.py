@@ -104,3 +104,29 @@ def test_sibling_imports_sit_at_the_top_or_say_why(module):
         if inside and "#" not in lines[line - 1] and not lines[line - 2].strip().startswith("#")
     ]
     assert not hidden, "tunebook imports inside functions without a reason:\n" + "\n".join(hidden)
+
+
+# A function longer than this says why it is not cut into named steps: a comment starting
+# "# Long:" in the comment above its def or among its first lines (issue 42: a newcomer reads a
+# function whole; one that does not fit a screen should say why it is better in one piece).
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions_without_a_reason() -> list[str]:
+    found = []
+    for path in sorted(LIB.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if node.end_lineno - start + 1 <= MAX_FUNCTION_LINES:
+                continue
+            near = lines[max(0, start - 4) : node.lineno + 12]  # a comment of up to 3 lines above
+            if not any(x.strip().startswith("# Long:") for x in near):
+                found.append(f"{_name(path)}.{node.name}: {node.end_lineno - start + 1} lines")
+    return found
+
+
+def test_a_function_over_80_lines_says_why():
+    assert _long_functions_without_a_reason() == []

@@ -1,6 +1,8 @@
 """An OpenAI-shaped stub server, for tests of the deployment check's own logic (no engine).
 
-In-process: ``stub_server(text)`` answers every request with ``text``. As a script,
+In-process: ``stub_server(text)`` answers every request with ``text``; with ``bound``, a
+request beyond that many in flight gets 503 at once (a replica at its queue bound), and each
+completion takes ``delay_s``. As a script,
 ``python stub_server.py --port N [anything ...]`` does the same on port N until killed, with
 /health: what a test puts where `vllm serve` or a deployment's start.sh would run.
 """
@@ -11,9 +13,13 @@ import argparse
 import http.server
 import json
 import threading
+import time
 
 
-def _handler(text: str):
+def _handler(text: str, bound: int | None = None, delay_s: float = 0.0):
+    lock = threading.Lock()
+    in_flight = [0]
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
@@ -33,6 +39,25 @@ def _handler(text: str):
 
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                full = bound is not None and in_flight[0] >= bound
+                in_flight[0] += not full
+            if full:
+                body = b'{"error": "the queue is full"}'
+                self.send_response(503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            try:
+                time.sleep(delay_s)
+                self._answer(req)
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+
+        def _answer(self, req: dict):
             usage = {"completion_tokens": 4 if text else 0}
             if req.get("stream"):
                 ev = {"choices": [{"text": text}]}
@@ -48,9 +73,11 @@ def _handler(text: str):
     return Handler
 
 
-def stub_server(text: str) -> http.server.ThreadingHTTPServer:
+def stub_server(
+    text: str, bound: int | None = None, delay_s: float = 0.0
+) -> http.server.ThreadingHTTPServer:
     """A stub on a free port of 127.0.0.1, served from a thread; ``shutdown()`` stops it."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(text))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(text, bound, delay_s))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 

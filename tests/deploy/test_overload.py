@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+from stub_server import stub_server
 from test_served import wait_gone
 
 from tunebook.deploy import serve, writers
@@ -86,6 +87,42 @@ def test_the_schedule_is_a_burst_then_the_capacity_rate():
 def test_no_capacity_is_said_before_any_request(capsys):
     res = serve.overload_check("http://127.0.0.1:9", {"replicas": 2}, "m")
     assert not res["ok"] and "pass --rate" in res["error"]
+
+
+@pytest.mark.slow
+def test_the_check_reads_a_bounded_server_right():
+    """overload_check's own logic against a stub bounded at 4 requests in flight, 0.2 s each
+    (20 req/s at most): a burst at 8x 4 req/s is partly refused with 503 at once, probes among
+    them; after it, at 2 req/s, nothing is refused and the SLO holds: passed, and said so."""
+    srv = stub_server("Paris.", bound=4, delay_s=0.2)
+    lines: list[str] = []
+    try:
+        res = serve.overload_check(
+            f"http://127.0.0.1:{srv.server_port}",
+            {},
+            "stub",
+            rate=4.0,
+            factor=8.0,
+            after_rate=2.0,
+            burst_s=2.0,
+            settle_s=1.0,
+            window_s=3.0,
+            workload=WORKLOAD,
+            slo=SLO,
+            out=lines.append,
+        )
+    finally:
+        srv.shutdown()
+    said = "\n".join(lines)
+    b, a = res["burst"], res["after"]
+    assert b["refused"] > 0 and b["failed"] == 0 and b["statuses"].get("503") == b["refused"], said
+    assert b["probes_refused"] > 0 and b["refusal_ms_max"] < 1000, said
+    assert a["requests"] >= 3 and a["refused"] == 0 and a["slo_holds"], said
+    assert res["ok"] and res["why"] == [], said
+    assert (
+        lines[-1] == "[serve] overload: passed: the excess refused at once, then served as before"
+    )
+    assert "probes refused" in lines[1] and "503 x" in lines[1], said
 
 
 # --------------------------------------------------------------------------- the real thing

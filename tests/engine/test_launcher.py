@@ -87,9 +87,15 @@ def test_a_failing_launcher_falls_back_to_a_new_process(monkeypatch, tmp_path):
 
 
 @pytest.mark.engine
-def test_a_forked_server_goes_with_its_launcher(tmp_path):
-    """A server forked from a launcher is in a session of its own (kill_group stops it and its
-    engine); if the launcher is killed, the server kills its session and its handle says so."""
+def test_a_forked_server_outlives_clients_that_hang_up_and_goes_with_its_launcher(tmp_path):
+    """A server forked from a launcher (one start, two behaviours):
+
+    - it outlives clients that hang up mid-stream: a server writing to a client that has gone
+      gets an error (Python ignores SIGPIPE from its start), not a SIGPIPE that kills it without
+      a word; a fork must keep that as it is. The silent deaths of 04's servers under load on
+      an H100 were SIGPIPE (runs/h100-20261206);
+    - it is in a session of its own (kill_group stops it and its engine); if the launcher is
+      killed, the server kills its session and its handle says so."""
     p = Point.from_dict(point("orphan", env={"TUNEBOOK_LAUNCHER_TEST": "orphan"}))
     dep = served.Deployment(p, tmp_path / "logs")
     try:
@@ -97,6 +103,20 @@ def test_a_forked_server_goes_with_its_launcher(tmp_path):
         assert dep.server_start == "forked"
         child = dep.procs[0]
         assert os.getpgid(child.pid) == child.pid and child.poll() is None
+        ignored = next(
+            int(x.split()[1], 16)
+            for x in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+            if x.startswith("SigIgn:")
+        )
+        # The cause itself: a race under load (a write before the loop sees the hang-up) is
+        # rare on a CPU engine this slow, so its disposition is checked as well as its survival.
+        assert ignored & (1 << (signal.SIGPIPE - 1)), f"SigIgn {ignored:#x}: SIGPIPE not ignored"
+        for _ in range(3):
+            _hang_up_mid_stream(dep.url, dep.model_name, 32)
+            time.sleep(0.5)
+        time.sleep(2.0)
+        assert dep.alive() == [], served.exit_status(child.poll())
+        assert vllm_http.get(dep.url + "/health")[0] == 200
         ours = [
             x for k, x in launcher._LAUNCHERS.items() if ("TUNEBOOK_LAUNCHER_TEST", "orphan") in k
         ]
@@ -502,32 +522,3 @@ def _hang_up_mid_stream(url: str, model: str, n: int) -> None:
     for s in socks:  # RST, not FIN: the server's next write to it fails
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         s.close()
-
-
-@pytest.mark.engine
-def test_a_forked_server_outlives_clients_that_hang_up_mid_stream(tmp_path):
-    """A server writing to a client that has gone gets an error (Python ignores SIGPIPE from its
-    start), not a SIGPIPE that kills it without a word: a fork must keep that as it is. The
-    silent deaths of 04's servers under load on an H100 were SIGPIPE (runs/h100-20261206)."""
-    p = Point.from_dict(point("hangup"))
-    dep = served.Deployment(p, tmp_path / "logs")
-    try:
-        dep.start()
-        assert dep.server_start == "forked"
-        ignored = next(
-            int(x.split()[1], 16)
-            for x in Path(f"/proc/{dep.procs[0].pid}/status").read_text().splitlines()
-            if x.startswith("SigIgn:")
-        )
-        # The cause itself: a race under load (a write before the loop sees the hang-up) is
-        # rare on a CPU engine this slow, so its disposition is checked as well as its survival.
-        assert ignored & (1 << (signal.SIGPIPE - 1)), f"SigIgn {ignored:#x}: SIGPIPE not ignored"
-        for _ in range(3):
-            _hang_up_mid_stream(dep.url, dep.model_name, 32)
-            time.sleep(0.5)
-        time.sleep(2.0)
-        assert dep.alive() == [], served.exit_status(dep.procs[0].poll())
-        assert vllm_http.get(dep.url + "/health")[0] == 200
-    finally:
-        dep.shutdown()
-    assert wait_gone() == []

@@ -318,6 +318,8 @@ def fits(candidate: Candidate, calibration: Calibration) -> str | None:
     return None
 
 
+# Long: the model's equations in the order the module docstring gives them, each bound named
+# where it is computed; cut apart, the reader would chase one formula across helpers.
 def predict(candidate: Candidate, calibration: Calibration, scenario: Traffic) -> Prediction:
     """Sustained capacity of ``candidate`` under ``scenario``'s SLO, the resource that binds, and
     the latencies at that rate (the module docstring has the equations). A candidate that does

@@ -926,6 +926,8 @@ def _served_root_has_weights(base: str) -> bool | None:
         return None
 
 
+# Long: the command's one path from arguments to a running chat (server reused or started, app,
+# wait), each step printing as it goes; ``main`` owns the stopping.
 def _run(args, logs: Path, root: Path, procs: dict) -> int:
     """The command after its arguments: the server (reused or started), the app, then wait.
     ``procs`` gets each process the moment it starts (``main`` stops them)."""

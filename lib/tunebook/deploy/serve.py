@@ -198,6 +198,7 @@ def _first(resp, key: str) -> str | None:
         return None
 
 
+# Long: four requests in the order a user would try them, each judged and said as it answers.
 def ask(base: str, tok: bool, max_tokens: int = 16, out=print, dummy: bool = False) -> list[dict]:
     """The deployment check's requests to a server or router at ``base``: /v1/models, a completion,
     a streamed completion, and a chat completion where the server has a tokenizer.
@@ -635,7 +636,22 @@ def overload_check(
         f" {window_s:g} s judged ({len(reqs)} requests, {workers} client processes;"
         f" SLO: {slo_text(slo)})"
     )
-    model = model or _served_model(base)
+    records, probed, client = _drive_overload(
+        base, model or _served_model(base), reqs, workers, burst, burst_s, settle_s, window_s
+    )
+    for tag, _, _ in phases:
+        res[tag] = phase_summary([r for r in records if r.get("tag") == tag], slo)
+    res["burst"].update(_refusal_times(probed))
+    res["client"] = {k: client.get(k) for k in ("lag_p99_ms", "kept_schedule", "client_workers")}
+    res["why"] = _overload_why(res, slo, refusal_limit_s)
+    res["ok"] = not res["why"]
+    _say_overload(res, slo, settle_s, out)
+    return res
+
+
+def _drive_overload(base, model, reqs, workers, burst, burst_s, settle_s, window_s):
+    """Send ``reqs`` on their schedule with probes alongside the burst. Returns the load
+    generator's records, the probes' results and its client figures."""
     first = reqs[0] if reqs else None
     body = {
         "model": model,
@@ -658,33 +674,44 @@ def overload_check(
             sampling={"temperature": 0.0, "ignore_eos": True},
             timeout_s=max(120.0, 4 * (burst_s + settle_s + window_s)),
         )
-    probed = probes.join()
-    by = {tag: [r for r in records if r.get("tag") == tag] for tag, _, _ in phases}
-    for tag in by:
-        res[tag] = phase_summary(by[tag], slo)
+    return records, probes.join(), client
+
+
+def _refusal_times(probed: list[dict]) -> dict:
+    """How fast the probes that were refused got their answer."""
     refused_ms = sorted(p["ms"] for p in probed if p["status"] in REFUSED)
-    res["burst"]["probes"] = len(probed)
-    res["burst"]["probes_refused"] = len(refused_ms)
-    res["burst"]["refusal_ms_p50"] = percentile(refused_ms, 50) if refused_ms else None
-    res["burst"]["refusal_ms_max"] = refused_ms[-1] if refused_ms else None
-    res["burst"]["retry_after"] = sorted(
-        {str(p["retry_after"]) for p in probed if p["status"] in REFUSED and p["retry_after"]}
-    )
-    res["client"] = {k: client.get(k) for k in ("lag_p99_ms", "kept_schedule", "client_workers")}
-    b, a = res["burst"], res["after"]
-    why = res["why"]
+    return {
+        "probes": len(probed),
+        "probes_refused": len(refused_ms),
+        "refusal_ms_p50": percentile(refused_ms, 50) if refused_ms else None,
+        "refusal_ms_max": refused_ms[-1] if refused_ms else None,
+        "retry_after": sorted(
+            {str(p["retry_after"]) for p in probed if p["status"] in REFUSED and p["retry_after"]}
+        ),
+    }
+
+
+def _overload_why(res: dict, slo: dict | None, refusal_limit_s: float) -> list[str]:
+    """Why the check failed, in words (empty: it passed)."""
+    b, a, settle = res["burst"], res["after"], res["settle"]
+    why = []
     if a["refused"]:
         why.append(f"{a['refused']} of {a['requests']} refused after the burst")
-    if a["failed"] or b["failed"] or res["settle"]["failed"]:
+    if a["failed"] or b["failed"] or settle["failed"]:
         why.append(
-            f"failed (not refused): {b['failed']} in the burst, {res['settle']['failed']} settling,"
+            f"failed (not refused): {b['failed']} in the burst, {settle['failed']} settling,"
             f" {a['failed']} after"
         )
     if slo and not a["slo_holds"]:
         why.append(f"after the burst {a['within_slo_pct']:.1f}% within the SLO ({slo_text(slo)})")
-    if refused_ms and refused_ms[-1] > 1e3 * refusal_limit_s:
-        why.append(f"a refusal took {refused_ms[-1]:.0f} ms (> {refusal_limit_s:g} s)")
-    res["ok"] = not why
+    if b["refusal_ms_max"] is not None and b["refusal_ms_max"] > 1e3 * refusal_limit_s:
+        why.append(f"a refusal took {b['refusal_ms_max']:.0f} ms (> {refusal_limit_s:g} s)")
+    return why
+
+
+def _say_overload(res: dict, slo: dict | None, settle_s: float, out) -> None:
+    """The check's lines: the burst, the settling and the judged window, the verdict."""
+    b = res["burst"]
     codes = ", ".join(f"{k} x{v}" for k, v in b["statuses"].items() if k != "200")
     out(
         f"[serve] burst: {b['requests']} requests, {b['refused']} refused ({b['refused_pct']:.0f}%"
@@ -695,7 +722,7 @@ def overload_check(
             f" at most ({b['probes_refused']} of {b['probes']} probes refused"
             + (f"; Retry-After {', '.join(b['retry_after'])} s" if b["retry_after"] else "")
             + ")"
-            if refused_ms
+            if b["probes_refused"]
             else f"; none of {b['probes']} probes refused"
         )
     )
@@ -715,10 +742,9 @@ def overload_check(
                 else "passed: the burst absorbed (nothing refused), then served as before"
             )
             if res["ok"]
-            else "FAILED: " + "; ".join(why)
+            else "FAILED: " + "; ".join(res["why"])
         )
     )
-    return res
 
 
 def _served_model(base: str) -> str | None:
@@ -737,6 +763,8 @@ def _vocab(deploy: dict) -> int | None:
         return None
 
 
+# Long: mostly the argument table; what each mode does lives in check, check_start_script and
+# overload_check.
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(

@@ -126,6 +126,8 @@ class _EarlyStop:
                     t.cancel()
 
 
+# Long: one asyncio loop that sends on schedule, bounds concurrency and stops early; its state
+# (the semaphore, the stop flag, the tasks) is shared by all of it.
 async def _send_all(
     url: str,
     model: str,

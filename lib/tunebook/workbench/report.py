@@ -628,6 +628,7 @@ def _worse(r) -> bool:
     return (ratio < 1 if r["better"] == "higher" else ratio > 1) and _beyond(r)
 
 
+# Long: one card per scenario, built field by field in the order the page shows them.
 def deployment_cards(run_dir: Path) -> list[dict]:
     """What to deploy, per scenario: ``{scenario, title, deploy, measured, command, not_for,
     checked, evidence}``; ``measured`` is HTML, the rest plain text.
@@ -830,6 +831,7 @@ def card_html(cards: list[dict]) -> str:
     )
 
 
+# Long: one HTML section per choice, top to bottom as the page reads.
 def choices_html(run_dir: Path) -> str:
     found = find_choices(run_dir)
     if not found:
