@@ -323,12 +323,21 @@ def pardon(kind: str, env: dict[str, str]) -> None:
 
 
 def refused_by_vllm(reason: str | None) -> bool:
-    """Whether a failed start's reason is vLLM refusing the setting: a ValueError or a pydantic
-    validation error, which its config and memory checks raise (no room for one request's KV,
-    an unknown option). A fork cannot cause those; what a broken fork gives is a RuntimeError
-    from the driver or a crash, as on the H200 of 2026-12-05."""
+    """Whether a failed start's reason is vLLM refusing the setting after the start itself
+    worked: its KV checks ("No available memory for the cache blocks", "... KV cache is needed,
+    which is larger than the available KV cache memory"), which run once the model is loaded
+    and memory measured. Nothing wider: on the H200 of 2026-12-05 a broken fork failed with
+    "1 validation error for ModelConfig" (runs/h200-20261205), so a config error may be the
+    fork's doing and is retried afresh."""
     first = (reason or "").split("\n", 1)[0]
-    return re.search(r"\bValueError: |\bvalidation errors? for\b", first) is not None
+    return (
+        re.search(
+            r"\bValueError: (No available memory for the cache blocks|.*larger than the"
+            r" available KV cache)",
+            first,
+        )
+        is not None
+    )
 
 
 def settle(
