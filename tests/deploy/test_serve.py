@@ -77,7 +77,8 @@ def test_serve_files_parse_to_the_chosen_settings(files):
     assert ns_sh["served_model_name"] == ns_yaml["served_model_name"] == ["tiny-ernie"]
 
 
-@pytest.mark.engine
+@pytest.mark.vllm  # the assembled files (the fixture) are parsed with vLLM's own parser
+@pytest.mark.slow  # a stub server in a subprocess, no engine
 def test_serve_check_answers_and_shuts_down(files, monkeypatch):
     """serve.check's own logic: start what `vllm serve --config` would be (a stub server here:
     the real server's answers and clean SIGTERM shutdown are test_serve_sh_runs_as_written's),
