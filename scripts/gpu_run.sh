@@ -10,6 +10,8 @@
 #        spawned vs forked from tunebook's launcher), starts-launcher-fork (the same, engine core
 #        forked in both arms), starts-core (warm starts, every API server forked from the
 #        launcher, its engine core spawned vs forked),
+#        overload (05's written deployment as written: a 2x burst of 20 s, then 60 s at its
+#        capacity; python -m tunebook.serve --check --overload),
 #        00 01 02 03 04 05 (notebooks, resumable; consecutive ones share one runner process).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
@@ -144,6 +146,16 @@ while (( i < ${#steps[@]} )); do
              --settings '{"max_model_len": 4096}' \
              --engine-core "$([ "$step" = starts-launcher-fork ] && echo fork || echo spawn)" \
              --out "runs/$rid/bench/start_cost_${step#starts-}.json" 2>&1 | tail -30 ;;
+    overload) d=runs/$rid/05_assemble_config/deployment  # issue 44: 05's written deployment, as written
+      if [[ ! -f $d/start.sh ]]; then echo "[gpu_run] overload: 05 wrote no replica deployment in $d"; continue; fi
+      # start.sh runs `vllm serve`; a node whose vLLM has no console script gets a shim for it
+      if ! command -v vllm >/dev/null; then
+        mkdir -p /tmp/vllm-shim && printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' \
+          > /tmp/vllm-shim/vllm && chmod +x /tmp/vllm-shim/vllm && export PATH=/tmp/vllm-shim:$PATH
+      fi
+      mkdir -p "runs/$rid/overload"
+      timeout -k 5 "$l" python3 -m tunebook.serve "$d" --check --overload --factor 2 --burst-s 20 \
+             --window-s 60 --json "runs/$rid/overload/check.json" 2>&1 | tee "runs/$rid/overload/check.log" | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
              2>&1 | tail -20 ;;
     *) echo "[gpu_run] $step: no such step" ;;

@@ -805,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factor", type=float, default=4.0, help="the burst's multiple of --rate")
     ap.add_argument("--burst-s", type=float, default=5.0, help="the burst's seconds")
     ap.add_argument("--window-s", type=float, default=20.0, help="seconds judged after the burst")
+    ap.add_argument(
+        "--json", default=None, metavar="PATH", help="--check of a replica deployment: its result here"
+    )
     args = ap.parse_args(argv)
     env = dict(e.split("=", 1) for e in args.env)
     target = Path(args.config)
@@ -830,6 +833,9 @@ def main(argv: list[str] | None = None) -> int:
             res = check_start_script(
                 target, port=args.port, timeout_s=args.timeout, env=env, overload=overload
             )
+            if args.json:  # kept beside a run's other results (the GPU node's overload step)
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.json).write_text(json.dumps(res, indent=1, default=str))
             print(f"[serve] check {'passed' if res['ok'] else 'FAILED'}")
             return 0 if res["ok"] else 1
         os.environ.update(env, PORT=str(args.port or 8000))
