@@ -318,7 +318,10 @@ def check_plan(
     capacity and 1.25x it (one start per configuration), and the sustained capacity on held-out
     workloads (``repeats`` starts). ``configs``: "chosen" and "default" only (each needs 04's
     capacity). Returns ``configs`` (with each one's own rates and search starts), ``workloads``,
-    ``point_overrides``, ``workload_repeats`` and ``run_04`` (04's points, to compare with)."""
+    ``point_overrides``, ``workload_repeats`` and ``run_04`` (04's points, to compare with). ``repeats`` 0: no held-out
+    searches."""
+    if repeats < 1:  # vLLM's client only: the held-out searches cost the most GPU time
+        held_out = {}
     run_04 = capacity.capacity_points(run_dir)
     workload = capacity.workload_of(run_04)
     cfgs, workloads, overrides = capacity.check_plan(
