@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -111,13 +113,15 @@ def _bench(cfg, at_ok, above_ok, rate):
 
 
 def test_vllms_client_agrees_when_the_slo_holds_at_capacity_and_breaks_above():
+    # 04 names the chosen deployment by its levers, the check "chosen" (the H100 run of
+    # 2026-12-07 lost tunebook's figure to that)
     ours = [
         {
-            "config": "chosen",
+            "config": "replicas=4",
             "per_rate": [{"offered_rps": 512.0, "slo_attainment_pct": 100.0, "goodput_rps": 500.0}],
         }
     ]
-    t = capacity.bench_table([_bench("chosen", True, False, 512.0)], ours)
+    t = capacity.bench_table([_bench("chosen", True, False, 512.0)], ours, {"chosen": "replicas=4"})
     assert list(t["offered_rps"]) == [512.0, 640.0] and t.iloc[0]["tunebook_goodput_rps"] == 500.0
     text = capacity.bench_verdict(t)
     assert "vllm bench serve agrees" in text and "(+0%, within 10%)" in text
@@ -206,3 +210,29 @@ def test_the_check_shares_the_validations_starts_when_it_validates_the_same_conf
         choice, served, {}, ["chosen", "default", "article"], 1, sc, {}, {}, check
     )
     assert capacity.BENCH not in alone["workloads"] and validation.check_needs_its_own(alone, check)
+
+
+def test_a_rate_short_only_of_its_window_is_held_but_says_so():
+    # vLLM's client runs a rate once, in the window 04's latency asked for; its own latency can
+    # ask for a little more. Every other rule held: not "the SLO did not hold".
+    b = _bench("chosen", False, False, 362.0)
+    for r, pct in zip(b["per_rate"], (99.7, 99.99), strict=True):
+        r.update(
+            slo_attainment_pct=pct,
+            sustained_broke="window",
+            why_not_sustained="window 20 s < the 20 s needed",
+        )
+    text = capacity.bench_verdict(capacity.bench_table([b], []))
+    assert "held on every rule but the window's length" in text
+    assert "does NOT agree: it still held at 1.25x" in text
+    assert "the SLO did not hold" not in text
+
+
+def test_check_repeats_0_runs_vllms_client_only():
+    # 04's points of a kept GPU run; the h200-30min profile checks with vLLM's client alone
+    run = Path(__file__).resolve().parents[2] / "runs" / "h100-20261207"
+    plan = validation.check_plan(run, CHOICE, CONFIGS, capacity.HELD_OUT, {}, 0)
+    assert set(plan["workloads"]) == {capacity.BENCH}
+    assert plan["workload_repeats"] == {capacity.BENCH: 1}
+    plan = validation.check_plan(run, CHOICE, CONFIGS, capacity.HELD_OUT, {}, 2)
+    assert set(plan["workloads"]) == {capacity.BENCH, *capacity.HELD_OUT}

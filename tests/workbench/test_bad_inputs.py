@@ -68,6 +68,8 @@ def _profile(tmp_path: Path, text: str) -> Path:
             r"block_sizes = 0 must be a whole number >= 1",
         ),
         ("common:\n  repeats: 0\n", r"repeats = 0 must be a whole number >= 1"),
+        # 05's check_repeats may be 0 (vLLM's client only), not less
+        (f"{ASSEMBLY}:\n  check_repeats: -1\n", r"check_repeats = -1 must be a whole number >= 0"),
         (
             "00_baseline:\n  concurrent_repeats: -1\n",
             r"concurrent_repeats = -1 must be a whole number >= 1",

@@ -806,7 +806,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst-s", type=float, default=5.0, help="the burst's seconds")
     ap.add_argument("--window-s", type=float, default=20.0, help="seconds judged after the burst")
     ap.add_argument(
-        "--json", default=None, metavar="PATH", help="--check of a replica deployment: its result here"
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="--check of a replica deployment: its result here",
     )
     args = ap.parse_args(argv)
     env = dict(e.split("=", 1) for e in args.env)

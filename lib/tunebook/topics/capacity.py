@@ -335,11 +335,13 @@ def check_table(points: list[dict], reference: str = "default"):
     return pd.DataFrame(rows)
 
 
-def bench_table(points: list[dict], run_04: list[dict]):
+def bench_table(points: list[dict], run_04: list[dict], names: dict | None = None):
     """``vllm bench serve`` at 04's capacity and at 1.25x it, beside what tunebook's own client
-    measured at that capacity in 04 (the start whose search found it)."""
+    measured at that capacity in 04 (the start whose search found it). ``names``: the check's
+    configuration names as 04 called them (``{"chosen": "replicas=4_stream_interval=16"}``)."""
     import pandas as pd
 
+    names = names or {}
     rows = []
     for p in points:
         if (p.get("workload") or {}).get("name") != BENCH:
@@ -347,7 +349,8 @@ def bench_table(points: list[dict], run_04: list[dict]):
         for r in p.get("per_rate") or []:
             if r.get("superseded"):
                 continue
-            ours = _ours_at(run_04, p.get("config"), r["offered_rps"])
+            cfg = p.get("config")
+            ours = _ours_at(run_04, names.get(cfg, cfg), r["offered_rps"])
             rows.append(
                 {
                     "config": p.get("config"),
@@ -357,6 +360,9 @@ def bench_table(points: list[dict], run_04: list[dict]):
                     "slo_attainment_pct": r.get("slo_attainment_pct"),
                     "sustained": r.get("sustained"),
                     "why_not": r.get("why_not_sustained") or "",
+                    # only its window was short of what its latency asks for: not shown to hold,
+                    # but not shown to fail either (every other rule held)
+                    "window_only": r.get("sustained_broke") == "window",
                     "ttft_p99_ms": r.get("ttft_p99_ms"),
                     "tpot_p99_ms": r.get("tpot_p99_ms"),
                     "chunk_gap_p99_ms": r.get("chunk_gap_p99_ms"),
@@ -390,8 +396,10 @@ def bench_verdict(bench: pd.DataFrame) -> str:  # noqa: F821
     for cfg, g in bench.groupby("config", sort=False):
         g = g.sort_values("offered_rps")
         at, above = g.iloc[0], g.iloc[-1]
-        held = bool(at["sustained"])
-        broke = not bool(above["sustained"])
+        # A rate that held on every rule but the window's length counts as held here, said so:
+        # vLLM's client runs each rate once, with the window 04's latency asked for.
+        held = bool(at["sustained"]) or bool(at.get("window_only"))
+        broke = not (bool(above["sustained"]) or bool(above.get("window_only")))
         agree = ""
         if at["tunebook_goodput_rps"] and at["goodput_rps"]:
             gap = at["goodput_rps"] / at["tunebook_goodput_rps"] - 1
@@ -410,11 +418,19 @@ def bench_verdict(bench: pd.DataFrame) -> str:  # noqa: F821
         )
         lines.append(
             f"{cfg}: at {at['offered_rps']:.4g} req/s {at['slo_attainment_pct']:.1f}% within the"
-            f" SLO ({'held' if held else 'failed: ' + at['why_not']}), at {above['offered_rps']:.4g}"
-            f" {above['slo_attainment_pct']:.1f}% ({'held' if not broke else 'failed: ' + above['why_not']})"
+            f" SLO ({_held_words(at)}), at {above['offered_rps']:.4g}"
+            f" {above['slo_attainment_pct']:.1f}% ({_held_words(above)})"
             f" - vllm bench serve {word}{agree}"
         )
     return "\n".join(lines)
+
+
+def _held_words(r) -> str:
+    if r["sustained"]:
+        return "held"
+    if r.get("window_only"):
+        return f"held on every rule but the window's length: {r['why_not']}"
+    return "failed: " + r["why_not"]
 
 
 def not_for(check: pd.DataFrame, validations: dict | None = None) -> list[str]:  # noqa: F821

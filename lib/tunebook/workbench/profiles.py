@@ -391,7 +391,8 @@ def check_values(notebook: str, params: dict, source: str | None = None, engine:
         if value is None:
             continue
         if key == "repeats" or key.endswith("_repeats"):
-            _positive_int(key, value, source)
+            # 05's check_repeats 0: vLLM's client only, no held-out searches
+            _positive_int(key, value, source, minimum=0 if key == "check_repeats" else 1)
         check = VALUE_CHECKS.get(key)
         if check is not None and (engine or not check[1]):
             check[0](key, value, params, source)
