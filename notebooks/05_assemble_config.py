@@ -81,7 +81,7 @@ server_env: dict = {}  # served validation: environment of every vllm serve proc
 client_workers: int = 1  # served validation: load-generator processes (also vllm bench serve's)
 also_validate: dict = {}  # more scenarios, each validated side by side too: name -> overrides of its workload
 check: bool = False  # served: check the deployment against the default (vllm bench serve at 04's capacity and 1.25x; held-out workloads)
-check_repeats: int = 2  # check: deployment starts per configuration, interleaved
+check_repeats: int = 2  # check: deployment starts per configuration, interleaved, for the held-out searches (0: none)
 held_out: dict = {}  # check: held-out workloads, name -> spec ({}: decode-heavy 128/512, prefill-heavy 2048/128, log-normal medians 512/128)
 check_search: dict = {}  # check: the held-out capacity searches (tunebook.measure.served.SEARCH_DEFAULTS keys)
 claim_model: str = "ernie-4.5-0.3b-pt"  # the article's model (its config.json), for the C13 arithmetic
@@ -342,7 +342,9 @@ if check_plan is not None:
         validation.run_check(wb.sweep, check_plan, slo, server_env, run_dir) if own else sweep_name
     )
     points = wb.results(check_name)
-    bench, held = capacity.bench_table(points, check_plan["run_04"]), capacity.check_table(points)
+    names_04 = {"chosen": served_choice["config"]}  # the check's names, as 04 called them
+    bench = capacity.bench_table(points, check_plan["run_04"], names_04)
+    held = capacity.check_table(points)
     display(bench.round(3))
     print(capacity.bench_verdict(bench))
     display(held.round(3))
