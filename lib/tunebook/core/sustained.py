@@ -29,7 +29,8 @@ The window is sized from what was measured: arrivals last at least
 ``max(min_window_s, WINDOW_E2E_MULTIPLE x e2e p50)`` (20 s, 8 x): the steady part then starts
 at least 2.7 median latencies after the first arrival, and the latency shift in rule 2 stays
 inside the window. A run whose window turns out shorter than that is measured again with the
-longer window (``window_s_needed``). Pure Python.
+longer window (``window_s_needed``, with ``WINDOW_TOLERANCE`` to spare). A window within
+``WINDOW_TOLERANCE`` (5%) of that length counts. Pure Python.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ GROWTH = 0.10  # the last third's in-system median at most this much above the m
 GROWTH_SLACK = 3.0  # ... plus this many square roots of it (steady-state fluctuation)
 WINDOW_E2E_MULTIPLE = 8.0  # arrivals last at least this many median end-to-end latencies
 MIN_WINDOW_S = 20.0  # ... and at least this long
+# A window this much shorter than asked still counts: the e2e p50 it is sized by moves a few
+# percent from one window to the next at the same rate (2.89 and 2.97 s at 452.6 req/s,
+# runs/h100-20261207), so an exact bound would fail a rate on that noise alone.
+WINDOW_TOLERANCE = 0.05
 
 RULES = ("slo", "keep_up", "steady", "complete", "window")
 
@@ -165,7 +170,7 @@ def judge(
     if bad:
         broke.append("complete")
     # A window shorter than the rule asks for cannot show a rate holds (it may show it fails).
-    if window_s + 1e-9 < out["window_s_needed"]:
+    if window_s + 1e-9 < out["window_s_needed"] * (1.0 - WINDOW_TOLERANCE):
         broke.append("window")
     out["broke"] = broke
     out["sustained"] = not broke

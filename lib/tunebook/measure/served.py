@@ -1082,8 +1082,12 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
             # Held by every rule but the window's length: too short for the latency seen at this
             # rate, so it runs again with the window it needs. A rate that broke another rule is
             # failed as it is: a longer window only lets an overload build further.
-            needed = min(float(m["window_s_needed"]), float(search["max_window_s"]))
-            if needed > 1.02 * float(m.get("window_s") or 0.0):
+            # The new window has the rule's tolerance to spare: its own latency moves a little.
+            needed = min(
+                float(m["window_s_needed"]) * (1.0 + sustained.WINDOW_TOLERANCE),
+                float(search["max_window_s"]),
+            )
+            if needed > float(m.get("window_s") or 0.0):
                 per_rate[-1]["superseded"] = True
                 out = run_rate(rate, needed)
                 m = out["metrics"]
