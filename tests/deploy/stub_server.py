@@ -2,7 +2,7 @@
 
 In-process: ``stub_server(text)`` answers every request with ``text``; with ``bound``, a
 request beyond that many in flight gets 503 at once (a replica at its queue bound), and each
-completion takes ``delay_s``. As a script,
+completion takes ``delay_s``; ``keep_alive`` keeps connections open between requests. As a script,
 ``python stub_server.py --port N [anything ...]`` does the same on port N until killed, with
 /health: what a test puts where `vllm serve` or a deployment's start.sh would run.
 """
@@ -16,11 +16,14 @@ import threading
 import time
 
 
-def _handler(text: str, bound: int | None = None, delay_s: float = 0.0):
+def _handler(text: str, bound: int | None = None, delay_s: float = 0.0, keep_alive: bool = False):
     lock = threading.Lock()
     in_flight = [0]
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        # HTTP/1.0 closes each connection after its answer; 1.1 keeps it for the next request
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
         def log_message(self, *a):
             pass
 
@@ -74,10 +77,12 @@ def _handler(text: str, bound: int | None = None, delay_s: float = 0.0):
 
 
 def stub_server(
-    text: str, bound: int | None = None, delay_s: float = 0.0
+    text: str, bound: int | None = None, delay_s: float = 0.0, keep_alive: bool = False
 ) -> http.server.ThreadingHTTPServer:
     """A stub on a free port of 127.0.0.1, served from a thread; ``shutdown()`` stops it."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(text, bound, delay_s))
+    srv = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), _handler(text, bound, delay_s, keep_alive)
+    )
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 

@@ -153,7 +153,9 @@ async def _send_all(
     t0 = time.perf_counter() + (start_wall - time.time())
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=conn, trace_configs=[_connect_trace()]
+    ) as session:
         # As `vllm bench serve --max-concurrency`: a request waits for a free slot, then is sent.
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         early_stop = _EarlyStop(stop)
@@ -177,9 +179,10 @@ async def _send_all(
             stamps: list[float] = []
             usage = None
             refused: dict = {}
+            trace: dict = {}  # connect_ms where this request opened a connection of its own
             try:
                 body = request_body(req, model, api, sampling)
-                async with session.post(url + path, json=body) as resp:
+                async with session.post(url + path, json=body, trace_request_ctx=trace) as resp:
                     if resp.status != 200:
                         # A refusal's status, how fast it came and when to retry: what an
                         # overload check reads (429/503 with Retry-After is a refusal to retry).
@@ -204,11 +207,34 @@ async def _send_all(
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
                 rec.update(refused)
             rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
+            if "connect_ms" in trace:
+                rec["connect_ms"] = trace["connect_ms"]
             early_stop.judge(rec)
             return rec
 
         early_stop.tasks.extend(asyncio.ensure_future(one(r)) for r in reqs)
         return list(await asyncio.gather(*early_stop.tasks))
+
+
+def _connect_trace():
+    """aiohttp tracing that times each new connection (TCP connect, through the server's accept)
+    into the request's ``trace_request_ctx``: part of that request's TTFT. A listen backlog that
+    overflows shows here as ~1 s and more (the client's SYN sent again), not in the server's
+    own metrics."""
+    import aiohttp
+
+    async def start(session, ctx, params):
+        ctx.trace_request_ctx["_t0"] = time.perf_counter()
+
+    async def end(session, ctx, params):
+        t0 = ctx.trace_request_ctx.pop("_t0", None)
+        if t0 is not None:
+            ctx.trace_request_ctx["connect_ms"] = 1e3 * (time.perf_counter() - t0)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_start.append(start)
+    trace.on_connection_create_end.append(end)
+    return trace
 
 
 def _worker(args: tuple) -> tuple[list[dict], dict]:
@@ -370,6 +396,7 @@ def client_check(records: list[dict], workers: list[dict], n_workers: int) -> di
     """Did the client keep its schedule? Send-lag percentiles and the busiest worker's CPU share."""
 
     lags = [r["lag_ms"] for r in records if "lag_ms" in r]
+    connects = [r["connect_ms"] for r in records if "connect_ms" in r]
     busiest = max((w["cpu_s"] / w["wall_s"] for w in workers if w["wall_s"] > 0), default=0.0)
     p99 = percentile(lags, 99)
     return {
@@ -381,6 +408,10 @@ def client_check(records: list[dict], workers: list[dict], n_workers: int) -> di
         "client_cpu_busiest_pct": 100.0 * busiest,
         "client_cpu_s": sum(w["cpu_s"] for w in workers),
         "kept_schedule": bool(lags) and not math.isnan(p99) and p99 <= LAG_OK_MS,
+        # connections opened, and how long the slowest took (in those requests' TTFT)
+        "new_connections": len(connects),
+        "connect_p99_ms": percentile(connects, 99),
+        "connect_max_ms": max(connects, default=float("nan")),
         "errors": sum(1 for r in records if r.get("error")),
     }
 

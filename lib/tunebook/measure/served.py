@@ -910,6 +910,8 @@ PER_RATE_KEYS = (
     "kv_cache_usage_peak_pct",
     "lag_p50_ms",
     "lag_p99_ms",
+    "new_connections",
+    "connect_max_ms",
     "client_cpu_busiest_pct",
     "kept_schedule",
     "failed_requests",
