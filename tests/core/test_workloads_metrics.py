@@ -14,6 +14,7 @@ from tunebook.core.metrics import (
     compare,
     meets_slo,
     percentile,
+    slo_breaks,
     spread,
     summarize,
 )
@@ -334,3 +335,22 @@ def test_lognormal_lengths_are_long_tailed_and_clipped():
     assert prompts[-1] <= 4096 and outs[-1] <= 1024 and prompts[-1] > 3 * prompts[1000]  # a tail
     with pytest.raises(ConfigError, match="sigma"):
         make_workload({"kind": "lognormal", "num_requests": 2, "sigma_prompt": -1})
+
+
+def test_the_breaks_say_which_limit_each_request_broke():
+    slo = {"ttft_ms": 500, "tpot_ms": 50, "itl_ms": 1000}
+    recs = [
+        {"ttft_ms": 100, "tpot_ms": 10, "itl_ms": [20, 30]},  # good
+        {"ttft_ms": 1500, "tpot_ms": 10, "itl_ms": [20]},  # TTFT
+        {"ttft_ms": 100, "tpot_ms": 60, "itl_ms": [1200, 30]},  # TPOT and a chunk gap
+        {"tpot_ms": None, "itl_ms": []},  # no first token: not served in time
+        {"error": "HTTP 503"},
+        {"stopped": True},
+    ]
+    assert slo_breaks(recs, slo) == {
+        "broke_ttft_ms": 2,
+        "broke_tpot_ms": 1,
+        "broke_itl_ms": 1,
+        "broke_failed": 2,
+    }
+    assert slo_breaks(recs[:1], {"ttft_ms": 500}) == {"broke_ttft_ms": 0, "broke_failed": 0}

@@ -597,6 +597,9 @@ def test_capacity_search_on_one_engine_start(tmp_path):
                 assert r["holds"] is False and "refused or cut" in r["why_not_sustained"]
             # the sustained rule's figures are on every rate, the window sized from its latency
             assert r["window_s_needed"] >= search["duration_s"] and r["sustained"] == r["holds"]
+            # which limit its requests broke, and the client's new connections
+            assert {"broke_ttft_ms", "broke_tpot_ms", "broke_failed"} <= set(r)
+            assert r["new_connections"] >= 1 and r["connect_max_ms"] >= 0
         assert m["capacity_rule"] == "sustained" and m["window_s_total"] > 0
         if m["capacity_rps"] is not None:
             assert m["capacity_rps"] == max(r for r in held if r < (m["first_failing_rps"] or 1e9))

@@ -102,6 +102,27 @@ def meets_slo(record: dict, slo: dict) -> bool:
     return True
 
 
+def slo_breaks(records: list[dict], slo: dict) -> dict[str, int]:
+    """How many requests broke each limit of ``slo`` (one request may break several), and how
+    many failed or were stopped: which limit decided a rate that failed (``broke_ttft_ms`` ...)."""
+    out = {f"broke_{k}": 0 for k in SLO_KEYS if slo.get(k) is not None}
+    out["broke_failed"] = 0
+    for r in records:
+        if r.get("error") or r.get("stopped"):
+            out["broke_failed"] += 1
+            continue
+        for key in SLO_KEYS:
+            limit = slo.get(key)
+            if limit is None:
+                continue
+            v = r.get(key)
+            if isinstance(v, list):
+                v = max(v) if v else None
+            if (v is None and key == "ttft_ms") or (v is not None and v > limit):
+                out[f"broke_{key}"] += 1
+    return out
+
+
 def slo_attainment_pct(records: list[dict], slo: dict) -> float:
     """Share of requests that are good under ``slo`` (NaN for no requests)."""
     if not records:

@@ -36,7 +36,13 @@ from pathlib import Path
 
 from tunebook.core import sustained
 from tunebook.core.errors import ConfigError
-from tunebook.core.metrics import DEFAULT_ATTAINMENT_PCT, GaugeSampler, slo_text, summarize
+from tunebook.core.metrics import (
+    DEFAULT_ATTAINMENT_PCT,
+    GaugeSampler,
+    slo_breaks,
+    slo_text,
+    summarize,
+)
 from tunebook.core.metrics import slo_holds as slo_holds_of
 from tunebook.core.model import GIB, load_shape, resolve_model_dir
 from tunebook.core.points import Point, Result, has_tokenizer
@@ -1073,7 +1079,12 @@ def _measure_rates(point: Point, dep: Deployment, result: Result, on_sample) -> 
             stop_early=early,
             min_window_s=min_window if rule else None,
         )
-        per_rate.append({k: out["metrics"].get(k) for k in PER_RATE_KEYS} | {"offered_rps": rate})
+        per_rate.append(
+            {k: out["metrics"].get(k) for k in PER_RATE_KEYS}
+            | {"offered_rps": rate}
+            # which limit the window's requests broke: a failing rate keeps no records
+            | (slo_breaks(out["requests"], point.slo) if point.slo else {})
+        )
         result.client = out["client"]  # the last rate's: who sent, and what it kept
         return out
 
