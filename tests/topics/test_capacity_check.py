@@ -122,9 +122,15 @@ def test_vllms_client_agrees_when_the_slo_holds_at_capacity_and_breaks_above():
         }
     ]
     t = capacity.bench_table([_bench("chosen", True, False, 512.0)], ours, {"chosen": "replicas=4"})
-    assert list(t["offered_rps"]) == [512.0, 640.0] and t.iloc[0]["tunebook_goodput_rps"] == 500.0
+    assert (
+        list(t["offered_rps"]) == [512.0, 640.0] and t.iloc[0]["tunebook_within_slo_rps"] == 500.0
+    )
     text = capacity.bench_verdict(t)
     assert "vllm bench serve agrees" in text and "(+0%, within 10%)" in text
+    # like for like: requests within the SLO per second of arrivals (bench serve's own goodput
+    # divides by its whole duration, the drain included)
+    rec = {"num_requests": 7242, "window_s": 20.0, "slo_attainment_pct": 99.7, "goodput_rps": 295.0}
+    assert capacity._good_per_s(rec) == pytest.approx(361.0, abs=0.1)
     t = capacity.bench_table([_bench("default", True, True, 90.5)], [])
     assert "does NOT agree: it still held at 1.25x" in capacity.bench_verdict(t)
 
