@@ -43,3 +43,17 @@ def test_a_reused_connection_records_none():
     assert "connect_ms" in recs[0]
     assert [r for r in recs[1:] if "connect_ms" in r] == []
     assert loadgen.client_check(recs, [], 1)["new_connections"] == 1
+
+
+def test_an_idle_connection_is_not_reused_past_the_keepalive(monkeypatch):
+    # vLLM's server closes an idle connection after 5 s; the client stops reusing one before
+    # (KEEPALIVE_S, 4 s: here 0.2 s, and requests 0.5 s apart), so it never sends on one as
+    # it closes.
+    monkeypatch.setattr(loadgen, "KEEPALIVE_S", 0.2)
+    srv = stub_server("Paris.", keep_alive=True)
+    try:
+        recs = _send(srv, 3, 0.5)
+    finally:
+        srv.shutdown()
+    assert all(not r.get("error") for r in recs), recs
+    assert all("connect_ms" in r for r in recs)  # each one a fresh connection

@@ -47,7 +47,7 @@ from tunebook.core.model import load_shape
 from tunebook.core.workloads import make_workload
 from tunebook.engine.flags import split_env, vllm_command
 from tunebook.engine.isolation import kill_group, spawn
-from tunebook.engine.vllm_http import DONE, free_port, sse_data
+from tunebook.engine.vllm_http import DONE, free_port, free_port_run, sse_data
 from tunebook.measure.loadgen import LEAD_S, ClientRequest, LoadGenerator
 
 CHAT_MESSAGE = "你好，请用一句话介绍一下你自己。"
@@ -373,12 +373,13 @@ def running_deployment(
     ``result`` (``url``, ``log``; ``start_s`` once the router answers ``/health``, else ``error``
     and ``log_tail``); on leaving, stop every process it started (its process group)."""
     folder = Path(folder).resolve()
-    port = port or free_port()
+    deploy = json.loads((folder / "deployment.json").read_text())
+    port = port or free_port_run(1, offsets=(1000,))  # start.sh: the router's metrics on +1000
     base = f"http://127.0.0.1:{port}"
     log_path = Path(tempfile.mkdtemp(prefix="tunebook-deploy-")) / "start.log"
     run_env = {**os.environ, **{k: str(v) for k, v in (env or {}).items()}}
-    run_env.update(PORT=str(port), BASE_PORT=str(free_port()))
-    deploy = json.loads((folder / "deployment.json").read_text())
+    base_port = free_port_run(int(deploy["replicas"]), avoid=(port, port + 1000))
+    run_env.update(PORT=str(port), BASE_PORT=str(base_port))
     result: dict = {"folder": str(folder), "url": base, "log": str(log_path), "ok": False}
     out(
         f"[serve] bash start.sh: {deploy['replicas']} replicas behind vllm-router at {base} (log: {log_path})"

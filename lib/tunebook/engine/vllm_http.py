@@ -139,6 +139,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(
+    n: int, offsets: tuple[int, ...] = (), avoid: tuple[int, ...] = (), host: str = "127.0.0.1"
+) -> int:
+    """A port p with p .. p+n-1 and each p+offset free now: for a start script that binds
+    consecutive ports from one it is given (replica i on BASE_PORT+i; the router's metrics on
+    PORT+1000), none of them in ``avoid`` (ports chosen but not bound yet). ``free_port`` alone
+    vouches only for p: a replica once failed on p+1 with "Address already in use" and the
+    router sent it requests (500)."""
+    for _ in range(100):
+        p = free_port(host)
+        wanted = [p + i for i in range(1, n)] + [p + o for o in offsets]
+        if p not in avoid and all(
+            q <= 65535 and q not in avoid and port_free(q, host) for q in wanted
+        ):
+            return p
+    raise RuntimeError(f"no run of {n} free ports (and +{offsets}) on {host} in 100 tries")
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether ``port`` can be bound on ``host`` now."""
     with socket.socket() as s:
