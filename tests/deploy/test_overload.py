@@ -159,10 +159,12 @@ def test_after_a_burst_at_8x_capacity_the_deployment_serves_as_before(tmp_path):
     4x of that a faster machine reached the bound only in the burst's last moment (8 of 118
     refused, none of the 24 probes among them), so how fast a refusal comes went unmeasured.
 
-    The window after the burst runs at half the capacity measured: on two shared cores a rate
-    that held in one 5 s window can, at the bound's edge, refuse a few requests in the next,
-    burst or no burst (seen: 16 req/s held, then 16 of 192 refused at 16 req/s after a burst).
-    The incident refused every request at 724 req/s, which a fresh deployment served."""
+    The window after the burst runs at a quarter of the capacity measured: on two shared cores a
+    rate that held in one 5 s window can, at the bound's edge, refuse a few requests in the next,
+    burst or no burst (seen: 16 req/s held, then 16 of 192 refused at 16 req/s after a burst; and
+    in CI, 4 of 192 at 16 req/s, half of the 32 measured). A stall of a second doubles what a
+    replica holds; at a quarter it stays under its bound of 16. The incident refused every
+    request at 724 req/s, which a fresh deployment served."""
     kwargs = flags.deploy_kwargs("tiny-ernie", SETTINGS)
     folder = tmp_path / "deployment"
     writers.write_deployment(
@@ -188,7 +190,7 @@ def test_after_a_burst_at_8x_capacity_the_deployment_serves_as_before(tmp_path):
                 "tunebook",
                 rate=cap,
                 factor=8.0,
-                after_rate=cap / 2,
+                after_rate=cap / 4,
                 burst_s=4.0,
                 settle_s=5.0,
                 window_s=12.0,
