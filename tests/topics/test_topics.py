@@ -160,6 +160,45 @@ def test_capacity_table_and_same_memory_groups(tiny):
     assert kvcache.same_memory_groups(cap[cap["max_model_len"] == 2048]).empty
 
 
+def test_residual_bound_explains_the_gpu_residuals_and_sized_engines_are_exact():
+    """Qwen3-0.6B on an H100 (runs/h100-20261207q): engines sized by gpu_memory_utilization are
+    predicted from the log's 2-decimal GiB and came out 0.014% and 0.002% off; one sized in
+    bytes has no rounding to hide behind."""
+    qwen3 = load_shape("qwen3-0.6b")
+
+    def logged(gib, tokens):
+        return _point(
+            settings={"gpu_memory_utilization": 0.5},
+            capacity={"available_kv_gib": gib, "block_size": 16, "kv_capacity_tokens": tokens},
+        )
+
+    sized = _point(
+        settings={"kv_cache_memory_bytes": 16 * GIB},
+        capacity={"block_size": 16, "kv_capacity_tokens": 16 * GIB // (16 * 114688) * 16},
+    )
+    pts = [logged(37.81, 353936), logged(69.43, 650000), sized]
+    # (0.005 GiB + one block of 16 x 114,688 B) over 37.81 GiB
+    assert kvcache.residual_bound_pct(pts[0], qwen3) == pytest.approx(
+        100 * (0.005 * GIB + 16 * 114688) / (37.81 * GIB)
+    )
+    assert kvcache.residual_bound_pct(sized, qwen3) == 0.0
+    assert kvcache.residual_bound_pct(_point(), qwen3) is None
+    cap = kvcache.capacity_table(pts, qwen3)
+    assert cap["residual %"].tolist() == [-0.014, -0.002, 0.0]
+    assert cap["residual bound %"].tolist() == [0.018, 0.01, 0.0]
+    assert "residual bound %" in kvcache.capacity_text(cap).splitlines()[0]
+    words = kvcache._rounding_words(cap)
+    assert "2 sized from the engine log's GiB (2 decimals), which allows up to 0.018%" in words
+    assert "all within it" in words and "NOT" not in words
+    assert words.endswith("1 sized in bytes: largest |residual| 0.000%")
+    # A residual beyond the rounding is arithmetic that is wrong, and says so.
+    off = kvcache.capacity_table([logged(37.81, 350000)], qwen3)
+    assert "NOT all within it" in kvcache._rounding_words(off)
+    # Engines all sized in bytes (the CPU profiles): no bound column, no extra words.
+    exact = kvcache.capacity_table([sized], qwen3)
+    assert "bound" not in kvcache.capacity_text(exact) and kvcache._rounding_words(exact) == ""
+
+
 def test_gmu_slope_pairs_engines_that_differ_in_gmu_only(ernie):
     def gpu(gmu, tokens):
         return _point(

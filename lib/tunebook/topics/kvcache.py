@@ -160,6 +160,27 @@ def kv_memory_bytes(point: dict) -> tuple[float | None, str]:
     return None, "unknown (not isolated: no engine log)"
 
 
+# vLLM logs "Available KV cache memory: %.2f GiB": a capacity predicted from that line can be off
+# by half its last digit, plus the one block that flooring to whole blocks may move.
+LOG_ROUNDING_GIB = 0.005
+
+
+def residual_bound_pct(point: dict, shape: ModelShape) -> float | None:
+    """The largest |residual %| the prediction can show when it is exact arithmetic: 0 where the
+    KV size is set in bytes or blocks, the engine log's rounding plus one block where the size
+    comes from that log (gpu_memory_utilization on a GPU), None where it is unknown."""
+    s = point.get("settings") or {}
+    cap = point.get("capacity") or {}
+    mem, src = kv_memory_bytes(point)
+    if s.get("num_gpu_blocks_override") or src == "kv_cache_memory_bytes":
+        return 0.0
+    if mem is None or not mem:
+        return None
+    bs = int(cap.get("block_size") or s.get("block_size") or 16)
+    block = bs * shape.kv_bytes_per_token(s.get("kv_cache_dtype", "auto"))
+    return 100.0 * (LOG_ROUNDING_GIB * GIB + block) / mem
+
+
 def predicted_tokens(point: dict, shape: ModelShape) -> int | None:
     s = point.get("settings") or {}
     cap = point.get("capacity") or {}
@@ -186,6 +207,7 @@ def capacity_table(results: list[dict], shape: ModelShape):
         mem, src = kv_memory_bytes(p)
         pred = predicted_tokens(p, shape)
         eng = cap.get("kv_capacity_tokens")
+        bound = residual_bound_pct(p, shape)
         rows.append(
             {
                 "config": p.get("config"),
@@ -204,6 +226,7 @@ def capacity_table(results: list[dict], shape: ModelShape):
                 "residual %": round(100.0 * (eng - pred) / pred, 3)
                 if pred and eng is not None
                 else None,
+                "residual bound %": None if bound is None else round(bound, 3),
                 "max concurrency at max_model_len": (
                     round(
                         eng / (-(-cap["max_model_len"] // cap["block_size"]) * cap["block_size"]), 2
@@ -620,7 +643,7 @@ def c2_verdict(
             f"{correct * seq_len / MIB:.0f} MiB per {seq_len} tokens (article 64 MB); "
             f"{n_requests} requests {n_requests * seq_len * correct / GIB:.2f} GiB (article 6.4"
             f" GB). Engine against arithmetic: largest |residual| {worst:.3f}% over {len(res)}"
-            " engines"
+            f" engines{_rounding_words(capacity)}"
         ),
         spread=f"residual range {min(res):.3f}-{worst:.3f}%" if len(res) else None,
         evidence=evidence,
@@ -633,6 +656,29 @@ def c2_verdict(
             f" model ({model})."
         ),
     )
+
+
+def _rounding_words(capacity) -> str:
+    """What the residuals of engines sized from the engine log (rounded GiB) can and do show,
+    beside those sized exactly; nothing when every engine was sized exactly."""
+    if not len(capacity) or "residual bound %" not in capacity:
+        return ""
+    rows = capacity.dropna(subset=["residual %", "residual bound %"])
+    logged = rows[rows["residual bound %"] > 0]
+    if not len(logged):
+        return ""
+    within = (logged["residual %"].abs() <= logged["residual bound %"]).all()
+    words = (
+        f"; {len(logged)} sized from the engine log's GiB (2 decimals), which allows up to"
+        f" {logged['residual bound %'].max():.3f}%: {'all within it' if within else 'NOT all within it'}"
+    )
+    exact = rows[rows["residual bound %"] == 0]
+    if len(exact):
+        words += (
+            f"; {len(exact)} sized in bytes: largest |residual| "
+            f"{exact['residual %'].abs().max():.3f}%"
+        )
+    return words
 
 
 def c3_verdict(
@@ -866,13 +912,17 @@ CAPACITY_COLUMNS = [
 
 def capacity_text(capacity, fp8: bool = False) -> str:
     """``capacity_table`` rows of the bf16 (auto) KV engines, or with ``fp8`` those of any other
-    KV dtype ("no fp8 KV point ran here (errors above)" when there are none)."""
+    KV dtype ("no fp8 KV point ran here (errors above)" when there are none). The residual's bound
+    is shown where a row's KV size came from the engine log (it is 0 elsewhere)."""
     if not len(capacity):
         return "no capacity engine finished (errors above)"
     rows = capacity[(capacity["kv_cache_dtype"] != "auto") == fp8]
     if fp8 and not len(rows):
         return "no fp8 KV point ran here (errors above)"
-    return rows[CAPACITY_COLUMNS].to_string(index=False)
+    cols = list(CAPACITY_COLUMNS)
+    if "residual bound %" in rows and (rows["residual bound %"].fillna(0) > 0).any():
+        cols.insert(cols.index("residual %") + 1, "residual bound %")
+    return rows[cols].to_string(index=False)
 
 
 def capacity_figure(capacity):
