@@ -12,6 +12,9 @@
 #        launcher, its engine core spawned vs forked),
 #        overload (05's written deployment as written: a 2x burst of 20 s, then 60 s at its
 #        capacity; python -m tunebook.serve --check --overload),
+#        kv-exact (engines sized in bytes, bf16 and fp8 KV, for ERNIE's, Qwen3's and Llama's full
+#        shapes: each engine's KV capacity must equal the config's arithmetic exactly; ~6 eager
+#        starts),
 #        00 01 02 03 04 05 (notebooks, resumable; consecutive ones share one runner process).
 # Each step gets what is left of the budget; a step cut short leaves its finished points on disk
 # (atomic per-point files) and the next call with the same run id resumes. The run folder is
@@ -156,6 +159,9 @@ while (( i < ${#steps[@]} )); do
       mkdir -p "runs/$rid/overload"
       timeout -k 5 "$l" python3 -m tunebook.serve "$d" --check --overload --factor 2 --burst-s 20 \
              --window-s 60 --json "runs/$rid/overload/check.json" 2>&1 | tee "runs/$rid/overload/check.log" | tail -30 ;;
+    kv-exact) timeout -k 5 "$l" python3 scripts/engine_check.py --model ernie-4.5-0.3b-pt \
+             --model qwen3-0.6b --model llama-3.2-1b --quick --no-timing --run-dir "runs/$rid/kv-exact" \
+             2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -30 ;;
     roofline) timeout -k 5 "$l" python3 benchmarks/roofline.py --profile h200 --out "runs/$rid/bench/roofline" \
              2>&1 | tail -20 ;;
     *) echo "[gpu_run] $step: no such step" ;;

@@ -168,3 +168,29 @@ def test_scrub_paths_rewrites_plain_and_gzipped_files(tmp_path):
     assert (run / "run.log").read_text() == "running -> runs/r/00.ipynb\n"
     assert gzip.decompress((run / "replica0.log.gz").read_bytes()) == b"model=models/m\n"
     assert (run / "blob.bin").read_bytes() == b"/abs/checkout/"
+
+
+@pytest.mark.slow
+def test_kv_exact_checks_every_familys_full_shape_sized_in_bytes(tmp_path):
+    """The step that shows KV arithmetic exact on a GPU (issue 43): engine_check.py on the three
+    families' full shapes, engines sized in bytes (a gpu_memory_utilization engine's KV size is
+    known only to the log's rounding)."""
+    work, env, calls = _node(tmp_path)
+    (work / "scripts" / "engine_check.py").write_text(
+        "import os, sys\nopen(os.environ['CALLS'], 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+    )
+    r = subprocess.run(
+        ["bash", "scripts/gpu_run.sh", "rid", "600", "kv-exact"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    (argv,) = _calls(calls)
+    models = [argv[i + 1] for i, a in enumerate(argv) if a == "--model"]
+    assert models == ["ernie-4.5-0.3b-pt", "qwen3-0.6b", "llama-3.2-1b"]
+    assert all((REPO / "models" / m / "config.json").is_file() for m in models)
+    assert argv[argv.index("--run-dir") + 1] == "runs/rid/kv-exact"
+    assert "--kv-bytes" not in argv  # engine_check sizes GPU engines in bytes itself (8 GiB)
