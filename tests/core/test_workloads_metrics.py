@@ -10,6 +10,7 @@ import pytest
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import (
     GaugeSampler,
+    broken_limits,
     chance_apart,
     compare,
     meets_slo,
@@ -354,3 +355,11 @@ def test_the_breaks_say_which_limit_each_request_broke():
         "broke_failed": 2,
     }
     assert slo_breaks(recs[:1], {"ttft_ms": 500}) == {"broke_ttft_ms": 0, "broke_failed": 0}
+    # One rule for a request's breaks, whether counted or judged (meets_slo).
+    assert [broken_limits(r, slo) for r in recs[:4]] == [
+        [],
+        ["ttft_ms"],
+        ["tpot_ms", "itl_ms"],
+        ["ttft_ms"],
+    ]
+    assert [meets_slo(r, slo) for r in recs] == [True, False, False, False, False, False]

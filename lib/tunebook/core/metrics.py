@@ -83,23 +83,27 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 DEFAULT_ATTAINMENT_PCT = 99.0
 
 
-def meets_slo(record: dict, slo: dict) -> bool:
-    """Is this one request within every limit of ``slo``? (``attainment_pct`` is not a limit.)"""
-    if record.get("error"):
-        return False
-    for key, limit in slo.items():
-        if key not in SLO_KEYS or limit is None:
+def broken_limits(record: dict, slo: dict) -> list[str]:
+    """The limits of ``slo`` this one request broke, in ``SLO_KEYS`` order (its error aside).
+
+    A list (``itl_ms``) breaks when any gap does; no value is a break only for ``ttft_ms`` (no
+    first token: not served), not for ``tpot_ms`` (a one-token reply has no gap to judge)."""
+    broken = []
+    for key in SLO_KEYS:
+        limit = slo.get(key)
+        if limit is None:
             continue
         v = record.get(key)
-        if isinstance(v, list):  # itl_ms: every gap must be within the limit; none is no gap
+        if isinstance(v, list):
             v = max(v) if v else None
-        if v is None:
-            if key == "ttft_ms":
-                return False  # no first token: not served
-            continue  # tpot of a one-token reply: no gap to judge
-        if v > limit:
-            return False
-    return True
+        if (v is None and key == "ttft_ms") or (v is not None and v > limit):
+            broken.append(key)
+    return broken
+
+
+def meets_slo(record: dict, slo: dict) -> bool:
+    """Is this one request within every limit of ``slo``? (``attainment_pct`` is not a limit.)"""
+    return not record.get("error") and not broken_limits(record, slo)
 
 
 def slo_breaks(records: list[dict], slo: dict) -> dict[str, int]:
@@ -111,15 +115,8 @@ def slo_breaks(records: list[dict], slo: dict) -> dict[str, int]:
         if r.get("error") or r.get("stopped"):
             out["broke_failed"] += 1
             continue
-        for key in SLO_KEYS:
-            limit = slo.get(key)
-            if limit is None:
-                continue
-            v = r.get(key)
-            if isinstance(v, list):
-                v = max(v) if v else None
-            if (v is None and key == "ttft_ms") or (v is not None and v > limit):
-                out[f"broke_{key}"] += 1
+        for key in broken_limits(r, slo):
+            out[f"broke_{key}"] += 1
     return out
 
 
