@@ -39,7 +39,7 @@ goldens-check:
 	exit $$(( first || second ))
 
 # Regenerate the nbval goldens (the notebooks executed on the ci profile, run folder relative, and
-# 01 on the tiny Qwen3: params/ci-qwen3.yaml); GOLDENS=ci-qwen3 remakes one set.
+# again on the tiny Qwen3: params/ci-qwen3.yaml); GOLDENS=ci-qwen3 remakes one set.
 GOLDENS ?=
 goldens: setup
 	$(PY) scripts/make_goldens.py $(GOLDENS)
