@@ -61,6 +61,28 @@ def test_keeping_up_is_a_rate_when_latency_is_long_against_the_window():
     assert not j["sustained"] and "keep_up" in j["broke"]
 
 
+def test_a_client_that_sends_late_cannot_make_a_rate_look_held():
+    """One server of 0.4 s offered 5 req/s (2x what it drains) by a client that, starved, sends
+    each request only once the one before it has finished: no queue forms at the server and every
+    latency is 0.4 s. Counted by sends the deployment kept up; counted by when the schedule had
+    each request due (``due_s``) it served about half of what was offered."""
+    rnd = random.Random(1)
+    due, t = [], 0.0
+    while t < 20.0:
+        due.append(t)
+        t += rnd.expovariate(5.0)
+    recs, free = [], 0.0
+    for i, d in enumerate(due):
+        sent = max(d, free)
+        free = sent + 0.4
+        recs.append({"request_id": str(i), "due_s": d, "sent_s": sent, "e2e_ms": 400.0})
+    by_sends = [{k: v for k, v in r.items() if k != "due_s"} for r in recs]
+    assert sustained.keep_up(by_sends, 20.0)["keep_up_requests"] == pytest.approx(1.0, abs=0.1)
+    j = sustained.judge(recs, [], 20.0, slo_holds=True)
+    assert j["keep_up_requests"] == pytest.approx(0.5, abs=0.15)
+    assert not j["sustained"] and "keep_up" in j["broke"]
+
+
 def test_a_deployment_that_falls_behind_fails_though_the_slo_held():
     # Capacity 40 req/s, offered 50: the queue grows the whole window. The SLO is given as held
     # (as a generous SLO or a short window would find it): the other rules catch it.

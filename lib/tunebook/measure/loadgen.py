@@ -100,6 +100,7 @@ def _stopped(req: ClientRequest) -> dict:
         "output_tokens": 0,
         "chunks": 0,
         "stopped": True,
+        "due_s": req.arrival_s,
     }
 
 
@@ -211,6 +212,9 @@ async def _send_all(
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
                 rec.update(refused)
             rec["sent_s"] = sent - t0  # on the schedule's clock, shared by all workers
+            # When it was due: what was offered, whether or not the client sent it on time (the
+            # sustained rule counts arrivals by it, so a late client cannot make a rate look held).
+            rec["due_s"] = req.arrival_s
             if "connect_ms" in trace:
                 rec["connect_ms"] = trace["connect_ms"]
             early_stop.judge(rec)
