@@ -165,29 +165,32 @@ def kv_memory_bytes(point: dict) -> tuple[float | None, str]:
 LOG_ROUNDING_GIB = 0.005
 
 
+def _block_size(point: dict) -> int:
+    """The engine's block size (as it reported it, else as set, else vLLM's default 16)."""
+    s, cap = point.get("settings") or {}, point.get("capacity") or {}
+    return int(cap.get("block_size") or s.get("block_size") or 16)
+
+
 def residual_bound_pct(point: dict, shape: ModelShape) -> float | None:
     """The largest |residual %| the prediction can show when it is exact arithmetic: 0 where the
     KV size is set in bytes or blocks, the engine log's rounding plus one block where the size
     comes from that log (gpu_memory_utilization on a GPU), None where it is unknown."""
-    s = point.get("settings") or {}
-    cap = point.get("capacity") or {}
     mem, src = kv_memory_bytes(point)
-    if s.get("num_gpu_blocks_override") or src == "kv_cache_memory_bytes":
+    if src in ("num_gpu_blocks_override", "kv_cache_memory_bytes"):
         return 0.0
-    if mem is None or not mem:
+    if not mem:
         return None
-    bs = int(cap.get("block_size") or s.get("block_size") or 16)
-    block = bs * shape.kv_bytes_per_token(s.get("kv_cache_dtype", "auto"))
+    dtype = (point.get("settings") or {}).get("kv_cache_dtype", "auto")
+    block = _block_size(point) * shape.kv_bytes_per_token(dtype)
     return 100.0 * (LOG_ROUNDING_GIB * GIB + block) / mem
 
 
 def predicted_tokens(point: dict, shape: ModelShape) -> int | None:
     s = point.get("settings") or {}
-    cap = point.get("capacity") or {}
-    bs = int(cap.get("block_size") or s.get("block_size") or 16)
-    if s.get("num_gpu_blocks_override"):
+    bs = _block_size(point)
+    mem, src = kv_memory_bytes(point)
+    if src == "num_gpu_blocks_override":
         return int(s["num_gpu_blocks_override"]) * bs
-    mem, _ = kv_memory_bytes(point)
     if mem is None:
         return None
     return shape.kv_capacity_tokens(int(mem), bs, s.get("kv_cache_dtype", "auto"))
