@@ -137,3 +137,26 @@ def test_notebooks_import_only_the_topics_and_the_workbench(source: Path):
     ours = [m for m in names if m == "tunebook" or m.startswith("tunebook.")]
     below = [m for m in ours if not m.startswith(("tunebook.topics", "tunebook.workbench"))]
     assert ours and not below, f"{source.name} imports {below}"
+
+
+def test_the_readme_fits_a_screen_and_opens_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) < 150, f"README.md has {len(lines)} lines: move the detail to docs/"
+    head = "\n".join(lines[:12])
+    assert "make run" in head and "make test" in head
+
+
+def test_every_run_folder_the_readme_and_docs_cite_is_in_the_tree():
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    cited = {
+        (page.name, m)
+        for page in pages
+        for m in re.findall(r"runs/([a-z0-9][\w.-]*[a-z0-9])", page.read_text())
+    }
+    # "runs/<run-id>" and the like are placeholders, not citations
+    missing = sorted(
+        (page, rid) for page, rid in cited if not (ROOT / "runs" / rid).is_dir() and "-" in rid
+    )
+    assert not missing, missing
