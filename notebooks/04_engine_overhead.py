@@ -175,6 +175,15 @@ verdicts = [
 display(record_verdicts(run_dir, "04_engine_overhead", verdicts))
 print(verdicts_text(verdicts))
 
+# %% [markdown]
+# What each configuration's capacity costs in latency, at that capacity: a configuration on the
+# dashed front is one no other beats on both; the star is the one that lifted capacity beyond the
+# noise (none where nothing did); the dotted line is the SLO's bound.
+
+# %%
+for fig in headroom.tradeoff_figures(results, slo, chosen=v["lifted_by"]):
+    fig.show()
+
 # %%
 # vLLM's log in a few lines (the file holds all of it), and this notebook's GPU time.
 tunebook.workbench.notebook.end(run_dir, "04_engine_overhead")

@@ -226,6 +226,14 @@ def test_pareto_figure_marks_the_default_the_article_and_the_chosen():
     assert fig["layout"]["xaxis"]["title"]["text"] == "TTFT p99 at the capacity (ms)"
 
 
+def test_pareto_figure_draws_the_slos_bound_where_given():
+    fig = search.pareto_figure(POINTS, limit_ms=500.0).to_dict()
+    (line,) = fig["layout"]["shapes"]
+    assert line["x0"] == line["x1"] == 500.0 and line["line"]["dash"] == "dot"
+    assert fig["layout"]["annotations"][0]["text"] == "SLO: 500 ms"
+    assert "shapes" not in search.pareto_figure(POINTS).to_dict()["layout"]
+
+
 def test_measured_capacities_read_04s_points():
     pts = [
         point("a", 0, metrics={"capacity_rps": 100.0, "ttft_p99_ms_at_capacity": 40.0}),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -687,3 +688,29 @@ def test_lines_and_scatter_with_curves():
     )
     assert [t["mode"] for t in d["data"]] == ["markers", "lines"]
     assert d["layout"]["xaxis"]["type"] == "log" and d["layout"]["yaxis"]["type"] == "log"
+
+
+def test_04s_tradeoff_views_from_the_kept_qwen3_run():
+    """runs/h100-20261207q: both configurations' sustained capacity against the TTFT p99 and the
+    chunk-gap p99 at it, with the SLO's bounds; the deployment serves more at longer gaps, so
+    both sit on the chunk-gap front, and more at a shorter TTFT p99, so it alone is on that one."""
+    from tunebook.core.results import SweepDir
+    from tunebook.topics import headroom
+
+    root = Path(__file__).resolve().parents[2]
+    folder = root / "runs" / "h100-20261207q" / "04_engine_overhead" / "capacity"
+    pts = SweepDir(folder).points()
+    slo = headroom.served_slo(500, 50, 99, 1000)
+    lever = "replicas=4_stream_interval=16"
+    ttft, gap = (f.to_dict() for f in headroom.tradeoff_figures(pts, slo, chosen=lever))
+    assert ttft["layout"]["title"]["text"].startswith("Figure 4.3. Sustained capacity against")
+    assert [s["x0"] for s in ttft["layout"]["shapes"]] == [500.0]
+    assert [s["x0"] for s in gap["layout"]["shapes"]] == [1000.0]
+    by = {t["name"]: t for t in gap["data"]}
+    assert by[f"{lever} (chosen)"]["y"][0] == 152.25299732622676  # median of 152.3, 128, 152.3
+    assert by["default"]["y"][0] == 45.26166902404526
+    assert 600 < by[f"{lever} (chosen)"]["x"][0] < 800 and by["default"]["x"][0] < 100
+    assert len(by["Pareto front"]["x"]) == 2
+    # on TTFT the deployment beats the default on both axes: a front of one, no line drawn
+    assert "Pareto front" not in {t["name"] for t in ttft["data"]}
+    assert ttft["layout"]["yaxis"]["rangemode"] == "tozero"

@@ -323,6 +323,27 @@ def test_a_replica_that_lost_on_two_cores_is_said_to_be_the_machines(run):
     figs = dict(report.key_figures(run))
     cap = next(f for c, f in figs.items() if c.startswith("04_engine_overhead"))
     assert "lost because of the machine" in cap.to_dict()["layout"]["title"]["text"]
+    # no latency at the capacity recorded here: no trade-off chart drawn empty
+    assert "04_engine_overhead: capacity against latency at it" not in figs
+
+
+def test_the_report_shows_what_04s_capacity_costs_in_chunk_gaps(run):
+    """Where 04 recorded latencies at each capacity, the summary adds its last trade-off view
+    (the chunk gaps a reader sees), the deployment 05 chose starred."""
+    add_deployment(run)
+    sweep = run / "04_engine_overhead" / "capacity"
+    for f in sweep.glob("*.json"):
+        p = json.loads(f.read_text())
+        gap = 20.0 if p["config"] == "default" else 400.0
+        p["metrics"].update(ttft_p99_ms_at_capacity=100.0, chunk_gap_p99_ms_at_capacity=gap)
+        f.write_text(json.dumps(p))
+    nbformat.write(nbformat.v4.new_notebook(), run / "04_engine_overhead.ipynb")
+    figs = dict(report.key_figures(run))
+    fig = figs["04_engine_overhead: capacity against latency at it"].to_dict()
+    assert fig["layout"]["xaxis"]["title"]["text"] == "chunk-gap p99 at the capacity (ms)"
+    by = {t["name"]: t for t in fig["data"]}
+    assert list(by["replicas=2_stream_interval=16 (chosen)"]["x"]) == [400.0]
+    assert list(by["default"]["y"]) == [11.0]  # median of 10, 11, 12
 
 
 def test_a_chosen_that_is_the_default_shows_one_column_and_says_why_it_ran_twice(tmp_path):

@@ -25,6 +25,7 @@ from tunebook.core.metrics import compare, slo_text, spread
 from tunebook.core.model import ModelShape
 from tunebook.core.results import point_row
 from tunebook.engine.host import device_memory_bytes
+from tunebook.topics import search
 from tunebook.topics.plots import config_colours, log_ticks
 from tunebook.topics.roofline import decode_floor_ms
 
@@ -327,6 +328,37 @@ RATE_COLUMNS = (
     "holds",
     "why_not_sustained",
 )
+
+
+def tradeoff_figures(
+    results: list[dict],
+    slo: dict | None = None,
+    chosen: str | None = None,
+    numbers: tuple = ("4.3", "4.4"),
+) -> list:
+    """04's Pareto view: each configuration's sustained capacity against the TTFT p99 at it and
+    against the chunk-gap p99 at it (what a reader of the stream sees), each where measured.
+    Medians over starts; ``chosen`` starred; the limits of ``slo``, if given, drawn."""
+    slo = slo or {}
+    points = search.measured_capacities(results)
+    views = [
+        (latency, word, slo.get(bound))
+        for latency, word, bound in (
+            ("ttft_p99_ms", "TTFT p99", "ttft_ms"),
+            ("chunk_gap_p99_ms", "chunk-gap p99", "itl_ms"),
+        )
+        if any(p.get(latency) is not None for p in points.values())  # none: nothing to draw
+    ]
+    return [
+        search.pareto_figure(
+            points,
+            latency,
+            chosen=chosen,
+            title=f"Figure {n}. Sustained capacity against the {word} at it (median over starts)",
+            limit_ms=limit,
+        )
+        for n, (latency, word, limit) in zip(numbers, views, strict=False)
+    ]
 
 
 def rates_frame(results: list[dict]):

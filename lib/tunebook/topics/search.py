@@ -322,10 +322,12 @@ def pareto_figure(
     chosen: str | None = None,
     article: str | None = None,
     title: str = "Sustained capacity against latency",
+    limit_ms: float | None = None,
 ):
     """Each measured candidate's sustained capacity against its ``latency`` at that capacity
     (``measured_capacities``), the Pareto front joined, vLLM's default and the article's
-    configuration in their colours, the chosen one highlighted."""
+    configuration in their colours, the chosen one highlighted; ``limit_ms``: the SLO's bound on
+    that latency, drawn (how near its limit each candidate runs at its capacity)."""
     front = pareto_front(points, latency)
     names = [n for n, p in points.items() if p.get(latency) is not None]
     colours = config_colours(names, _roles(chosen, article))
@@ -346,7 +348,7 @@ def pareto_figure(
                 "symbol": "star" if star else "circle",
             },
         )
-    if front:
+    if len(front) > 1:  # one candidate alone on the front: no line to draw
         fig.add_scatter(
             x=[points[n][latency] for n in front],
             y=[points[n]["capacity_rps"] for n in front],
@@ -355,6 +357,13 @@ def pareto_figure(
             line={"dash": "dash", "color": "#999999", "shape": "hv"},
         )
     word = {"ttft_p99_ms": "TTFT p99", "chunk_gap_p99_ms": "chunk-gap p99"}.get(latency, latency)
+    if limit_ms:
+        fig.add_vline(
+            x=limit_ms,
+            line={"dash": "dot", "color": "#cf222e"},
+            annotation_text=f"SLO: {limit_ms:g} ms",
+            annotation_position="top left",
+        )
     fig.update_layout(
         title=title,
         xaxis_title=f"{word} at the capacity (ms)",
@@ -362,4 +371,7 @@ def pareto_figure(
         template="plotly_white",
         showlegend=True,
     )
+    # from zero: capacities compared by eye as ratios, and room for the labels of the leftmost
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
     return fig

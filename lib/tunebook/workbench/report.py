@@ -303,6 +303,11 @@ def key_figures(run_dir: Path) -> list[tuple[str, object]]:
                 cpu_count=cpus,
             )
             figs.append((f"{nb.stem}: capacity per configuration (all charts on its page)", fig))
+            # what that capacity costs a reader of the stream: the last of 04's trade-off views
+            chosen = served.get("config") if served.get("status") == "changed" else None
+            views = headroom.tradeoff_figures(capacity.capacity_points(run_dir), chosen=chosen)
+            if views:
+                figs.append((f"{nb.stem}: capacity against latency at it", views[-1]))
             continue
         nb_figs = notebook_figures(nb)
         if nb_figs:
