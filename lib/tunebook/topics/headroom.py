@@ -342,11 +342,8 @@ def tradeoff_figures(
     slo = slo or {}
     points = search.measured_capacities(results)
     views = [
-        (latency, word, slo.get(bound))
-        for latency, word, bound in (
-            ("ttft_p99_ms", "TTFT p99", "ttft_ms"),
-            ("chunk_gap_p99_ms", "chunk-gap p99", "itl_ms"),
-        )
+        (latency, search.LATENCY_WORDS[latency], slo.get(bound))
+        for latency, bound in (("ttft_p99_ms", "ttft_ms"), ("chunk_gap_p99_ms", "itl_ms"))
         if any(p.get(latency) is not None for p in points.values())  # none: nothing to draw
     ]
     return [

@@ -294,6 +294,10 @@ def error_figure(errors: dict, title: str = "Predicted against measured capacity
     return fig
 
 
+# The latencies a Pareto chart can set capacity against, as its axis names them.
+LATENCY_WORDS = {"ttft_p99_ms": "TTFT p99", "chunk_gap_p99_ms": "chunk-gap p99"}
+
+
 def pareto_front(points: dict[str, dict], latency: str = "ttft_p99_ms") -> list[str]:
     """The candidates no other beats on both: capacity at least as high and ``latency`` at
     least as low, one strictly; by latency, lowest first."""
@@ -356,7 +360,7 @@ def pareto_figure(
             name="Pareto front",
             line={"dash": "dash", "color": "#999999", "shape": "hv"},
         )
-    word = {"ttft_p99_ms": "TTFT p99", "chunk_gap_p99_ms": "chunk-gap p99"}.get(latency, latency)
+    word = LATENCY_WORDS.get(latency, latency)
     if limit_ms:
         fig.add_vline(
             x=limit_ms,
