@@ -11,7 +11,8 @@
 #        forked in both arms), starts-core (warm starts, every API server forked from the
 #        launcher, its engine core spawned vs forked),
 #        overload (05's written deployment as written: a 2x burst of 20 s, then 60 s at its
-#        capacity; python -m tunebook.serve --check --overload),
+#        capacity; python -m tunebook.serve --check --overload), overload-bench (the same, sent
+#        by vllm bench serve: --client vllm-bench; its result JSONs kept),
 #        kv-exact (engines sized in bytes, bf16 and fp8 KV, for ERNIE's, Qwen3's and Llama's full
 #        shapes: each engine's KV capacity must equal the config's arithmetic exactly; ~6 eager
 #        starts),
@@ -149,16 +150,18 @@ while (( i < ${#steps[@]} )); do
              --settings '{"max_model_len": 4096}' \
              --engine-core "$([ "$step" = starts-launcher-fork ] && echo fork || echo spawn)" \
              --out "runs/$rid/bench/start_cost_${step#starts-}.json" 2>&1 | tail -30 ;;
-    overload) d=runs/$rid/05_assemble_config/deployment  # issue 44: 05's written deployment, as written
+    overload|overload-bench) d=runs/$rid/05_assemble_config/deployment  # issue 44: 05's written deployment, as written
       if [[ ! -f $d/start.sh ]]; then echo "[gpu_run] overload: 05 wrote no replica deployment in $d"; continue; fi
       # start.sh runs `vllm serve`; a node whose vLLM has no console script gets a shim for it
       if ! command -v vllm >/dev/null; then
         mkdir -p /tmp/vllm-shim && printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' \
           > /tmp/vllm-shim/vllm && chmod +x /tmp/vllm-shim/vllm && export PATH=/tmp/vllm-shim:$PATH
       fi
-      mkdir -p "runs/$rid/overload"
+      client=tunebook; [[ $step = overload-bench ]] && client=vllm-bench
+      mkdir -p "runs/$rid/$step"
       timeout -k 5 "$l" python3 -m tunebook.serve "$d" --check --overload --factor 2 --burst-s 20 \
-             --window-s 60 --json "runs/$rid/overload/check.json" 2>&1 | tee "runs/$rid/overload/check.log" | tail -30 ;;
+             --window-s 60 --client "$client" --json "runs/$rid/$step/check.json" 2>&1 \
+             | tee "runs/$rid/$step/check.log" | tail -30 ;;
     kv-exact) timeout -k 5 "$l" python3 scripts/engine_check.py --model ernie-4.5-0.3b-pt \
              --model qwen3-0.6b --model llama-3.2-1b --quick --no-timing --run-dir "runs/$rid/kv-exact" \
              2>&1 | grep -v -E "^(\(|INFO|WARNING|DEBUG)" | tail -30 ;;

@@ -222,3 +222,78 @@ def test_after_a_burst_at_8x_capacity_the_deployment_serves_as_before(tmp_path):
     assert after["slo_holds"], said
     assert over["ok"], said
     assert wait_gone() == []
+
+
+def test_the_bench_client_takes_a_fixed_workload_and_a_known_name():
+    """vllm bench serve sends fixed lengths from a tokenizer: anything else is said before any
+    request is sent (no server here: the errors come first)."""
+    deploy = {"capacity_rps": 4.0}
+    with pytest.raises(ValueError, match="one of tunebook, vllm-bench"):
+        serve.overload_check("http://127.0.0.1:9", deploy, "m", client="wrk", out=lambda s: None)
+    with pytest.raises(ValueError, match="tokenizer folder"):
+        serve.overload_check(
+            "http://127.0.0.1:9", deploy, "m", client="vllm-bench", out=lambda s: None
+        )
+    lognormal = {"kind": "lognormal", "median_prompt_len": 32, "median_output_len": 8}
+    with pytest.raises(ValueError, match="fixed lengths"):
+        serve.overload_check(
+            "http://127.0.0.1:9",
+            deploy,
+            "m",
+            client="vllm-bench",
+            tokenizer="models/tiny-ernie",
+            workload=lognormal,
+            out=lambda s: None,
+        )
+
+
+@pytest.mark.engine
+@pytest.mark.extended
+def test_vllms_own_client_drives_the_overload_check_and_its_json_is_kept(tmp_path):
+    """The check with ``--client vllm-bench``: the burst and the rate after it sent by vLLM's
+    ``vllm bench serve`` workers released together, the steady rate's workers ``burst_s`` later.
+    Every request is tagged with its phase on one clock, nothing fails that is not a refusal, a
+    refusal carries its status, and bench's result JSONs are kept where asked."""
+    kwargs = flags.deploy_kwargs("tiny-ernie", SETTINGS)
+    folder = tmp_path / "deployment"
+    writers.write_deployment(
+        folder, {**CHOICE, "served_choice": {}}, kwargs, 2, served_model_name="tunebook"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # an activated venv
+    lines: list[str] = []
+    try:
+        with serve.running_deployment(folder, timeout_s=600, env=env, out=lines.append) as res:
+            assert "start_s" in res, "\n".join(lines) + res.get("log_tail", "")
+            deploy = json.loads((folder / "deployment.json").read_text())
+            over = serve.overload_check(
+                res["url"],
+                deploy,
+                "tunebook",
+                rate=4.0,
+                factor=8.0,
+                burst_s=3.0,
+                settle_s=3.0,
+                window_s=6.0,
+                workload=WORKLOAD,
+                slo=SLO,
+                refusal_limit_s=30.0,
+                client="vllm-bench",
+                tokenizer=str(serve._model_folder(deploy, folder)),
+                result_dir=tmp_path / "bench",
+                out=lines.append,
+            )
+    finally:
+        print("\n".join(lines))
+    said = "\n".join(lines)
+    assert any("of vllm bench serve" in x for x in lines), said
+    b, settle, after = over["burst"], over["settle"], over["after"]
+    assert b["requests"] == 96 and settle["requests"] + after["requests"] == 36, said
+    assert b["failed"] == settle["failed"] == after["failed"] == 0, said
+    assert set(b["statuses"]) <= {"200", "429", "503"}, said
+    assert over["client"]["client"].startswith("vllm bench serve"), said
+    kept = sorted(p.name for p in (tmp_path / "bench").glob("bench-*-w*.json.gz"))
+    assert kept and all(
+        p.startswith(("bench-overload-burst", "bench-overload-after")) for p in kept
+    )
+    assert wait_gone() == []

@@ -63,6 +63,22 @@ def test_its_detailed_result_becomes_tunebooks_records():
     assert benchserve.records(res, 100.0)[0]["e2e_ms"] == pytest.approx(160.0)
 
 
+def test_a_refusal_keeps_its_status_though_bench_keeps_only_the_reason_phrase():
+    """bench serve's error for an HTTP failure is the response's reason (``response.reason``):
+    the overload check counts 429 and 503 as refused, so the record carries the code back."""
+    res = {
+        "ttfts": [0.0, 0.0, 0.0],
+        "itls": [[], [], []],
+        "start_times": [1.0, 1.1, 1.2],
+        "output_lens": [0, 0, 0],
+        "input_lens": [8, 8, 8],
+        "errors": ["Service Unavailable", "Too Many Requests", "Traceback ...: ClientError"],
+    }
+    a, b, c = benchserve.records(res, perf0=1.0)
+    assert (a["status"], b["status"]) == (503, 429) and "status" not in c
+    assert a["error"] == "Service Unavailable"  # the words stay
+
+
 def test_only_served_points_take_vllms_client():
     with pytest.raises(ConfigError, match="client="):
         Point.from_dict({"point_id": "p", "model": "tiny-ernie", "workload": {}, "client": "wrk"})

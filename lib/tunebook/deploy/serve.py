@@ -48,6 +48,7 @@ from tunebook.core.workloads import make_workload
 from tunebook.engine.flags import split_env, vllm_command
 from tunebook.engine.isolation import kill_group, spawn
 from tunebook.engine.vllm_http import DONE, free_port, free_port_run, sse_data
+from tunebook.measure import benchserve
 from tunebook.measure.loadgen import LEAD_S, ClientRequest, LoadGenerator
 
 CHAT_MESSAGE = "你好，请用一句话介绍一下你自己。"
@@ -431,7 +432,10 @@ def check_start_script(
             model = next(
                 (s["text"] for s in result["steps"] if s["name"] == "GET /v1/models"), None
             )
-            result["overload"] = overload_check(result["url"], deploy, model, out=out, **overload)
+            kw = dict(overload)
+            if kw.get("client") == benchserve.CLIENT and not kw.get("tokenizer"):
+                kw["tokenizer"] = _model_folder(deploy, folder)
+            result["overload"] = overload_check(result["url"], deploy, model, out=out, **kw)
             result["ok"] = result["overload"]["ok"]
         return result
 
@@ -445,6 +449,7 @@ OVERLOAD_WORKLOAD = {"kind": "fixed", "prompt_len": 128, "output_len": 32}
 REFUSED = (429, 503)
 # A refusal slower than this is not "at once": the client waited as for a served request.
 REFUSAL_LIMIT_S = 1.0
+OVERLOAD_CLIENTS = ("tunebook", "vllm-bench")  # the load generator of --check --overload
 
 
 def status_of(record: dict) -> int | None:
@@ -587,6 +592,9 @@ def overload_check(
     refusal_limit_s: float = REFUSAL_LIMIT_S,
     client_workers: int | None = None,
     after_rate: float | None = None,
+    client: str = "tunebook",
+    tokenizer: str | None = None,
+    result_dir: str | Path | None = None,
     out=print,
 ) -> dict:
     """A burst at ``factor`` times the deployment's sustained capacity for ``burst_s``, then the
@@ -597,7 +605,11 @@ def overload_check(
     ``slo``; the traffic ``workload``, else its ``workload`` where that is a workload spec, else
     ``OVERLOAD_WORKLOAD``. ``ok``: after the burst nothing refused or failed and the SLO held;
     during it, no request failed other than refused (429/503), and refusals came within
-    ``refusal_limit_s`` (timed by probes sent alongside: ``_Probes``)."""
+    ``refusal_limit_s`` (timed by probes sent alongside: ``_Probes``).
+
+    ``client``: "tunebook" (its load generator) or "vllm-bench" (vLLM's ``vllm bench serve``: a
+    fixed-length workload, the model's ``tokenizer`` folder; its result JSONs kept in
+    ``result_dir``)."""
     cap = rate if rate is not None else deploy.get("capacity_rps")
     res: dict = {"ok": False, "why": []}
     if not cap or cap <= 0:
@@ -629,21 +641,37 @@ def overload_check(
             "slo": slo,
         }
     )
-    reqs = schedule(phases, spec, _vocab(deploy))
     workers = client_workers or max(1, min((os.cpu_count() or 2) // 2, math.ceil(burst / 250)))
+    if client not in OVERLOAD_CLIENTS:
+        raise ValueError(f"client {client!r}: one of {', '.join(OVERLOAD_CLIENTS)}")
+    res["client_name"] = client
+    if client == benchserve.CLIENT:
+        reqs = None
+        n = round(burst * burst_s) + round(after * (settle_s + window_s))
+    else:
+        reqs = schedule(phases, spec, _vocab(deploy))
+        n = len(reqs)
     out(
         f"[serve] overload: burst {factor:g}x the capacity {cap:.3g} req/s ({res['rate_from']}) ="
         f" {burst:.3g} req/s for {burst_s:g} s, then {after:.3g} req/s: {settle_s:g} s to settle,"
-        f" {window_s:g} s judged ({len(reqs)} requests, {workers} client processes;"
-        f" SLO: {slo_text(slo)})"
+        f" {window_s:g} s judged ({n} requests, {workers} client processes"
+        f"{' of vllm bench serve' if reqs is None else ''}; SLO: {slo_text(slo)})"
     )
-    records, probed, client = _drive_overload(
-        base, model or _served_model(base), reqs, workers, burst, burst_s, settle_s, window_s
-    )
+    model = model or _served_model(base)
+    if reqs is None:
+        records, probed, client = _drive_overload_bench(
+            base, model, tokenizer, spec, slo, workers, res, result_dir
+        )
+    else:
+        records, probed, client = _drive_overload(
+            base, model, reqs, workers, burst, burst_s, settle_s, window_s
+        )
     for tag, _, _ in phases:
         res[tag] = phase_summary([r for r in records if r.get("tag") == tag], slo)
     res["burst"].update(_refusal_times(probed))
-    res["client"] = {k: client.get(k) for k in ("lag_p99_ms", "kept_schedule", "client_workers")}
+    res["client"] = {
+        k: client.get(k) for k in ("client", "lag_p99_ms", "kept_schedule", "client_workers")
+    }
     res["why"] = _overload_why(res, slo, refusal_limit_s)
     res["ok"] = not res["why"]
     _say_overload(res, slo, settle_s, out)
@@ -676,6 +704,71 @@ def _drive_overload(base, model, reqs, workers, burst, burst_s, settle_s, window
             timeout_s=max(120.0, 4 * (burst_s + settle_s + window_s)),
         )
     return records, probes.join(), client
+
+
+def _drive_overload_bench(base, model, tokenizer, spec, slo, workers, res, result_dir):
+    """The burst and the rate after it sent by ``vllm bench serve``: the burst's workers and the
+    after-rate's released together, the latter ``burst_s`` later, so the steady rate starts when
+    the burst ends whatever the burst left waiting. Probes time refusals as with tunebook's
+    client. Returns records tagged burst / settle / after, the probes' results, the client check."""
+    if not tokenizer:
+        raise ValueError("client vllm-bench sends text prompts: pass the model's tokenizer folder")
+    if spec.get("kind", "fixed") != "fixed":
+        raise ValueError(
+            f"client vllm-bench sends fixed lengths; the workload is {spec.get('kind')!r}"
+        )
+    burst, after = res["burst_rps"], res["after_rps"]
+    burst_s, settle_s, window_s = res["burst_s"], res["settle_s"], res["window_s"]
+    lengths = {k: spec[k] for k in ("prompt_len", "output_len")}
+
+    def workload(rate: float, seconds: float, seed: int):
+        return make_workload(
+            {
+                "kind": "fixed",
+                **lengths,
+                "num_requests": max(1, round(rate * seconds)),
+                "request_rate": rate,
+                "seed": seed,
+            }
+        )
+
+    # bench serve keeps a schedule up to a few hundred requests a second a process
+    after_workers = max(1, math.ceil(workers * after / burst))
+    phases = [
+        {
+            "step": "overload-burst",
+            "workload": workload(burst, burst_s, 1000),
+            "workers": workers,
+            "tag": "burst",
+        },
+        {
+            "step": "overload-after",
+            "workload": workload(after, settle_s + window_s, 1001),
+            "workers": after_workers,
+            "delay_s": burst_s,
+            "tag": "after",
+        },
+    ]
+    body = {"model": model, "prompt": [5, 6, 7], "max_tokens": 8, "stream": True}
+    probes = _Probes(f"{base}/v1/completions", body, max(8.0, burst / 8), 0.75 * burst_s)
+    out_dir = Path(result_dir) if result_dir else Path(tempfile.mkdtemp(prefix="overload-bench-"))
+    records, check = benchserve.run_phases(
+        base,
+        model,
+        tokenizer,
+        phases,
+        slo,
+        out_dir,
+        timeout_s=max(300.0, 6 * (burst_s + settle_s + window_s)),
+        on_start=lambda: probes.start(0.25 * burst_s),
+    )
+    # the steady rate's first seconds settle what the burst left; the rest is judged
+    start_after = min((r["sent_s"] for r in records if r["tag"] == "after"), default=0.0)
+    for r in records:
+        if r["tag"] == "after" and r["sent_s"] < start_after + settle_s:
+            r["tag"] = "settle"
+    res["bench_files"] = [str(out_dir / f) for f in check["bench"]["files"]]
+    return records, probes.join(), check
 
 
 def _refusal_times(probed: list[dict]) -> dict:
@@ -755,6 +848,15 @@ def _served_model(base: str) -> str | None:
     return None
 
 
+def _model_folder(deploy: dict, folder: Path) -> str | None:
+    """The deployment's model folder: as written (from where it runs), else from its folder."""
+    model = deploy.get("model") or (deploy.get("replica_kwargs") or {}).get("model")
+    for cand in (Path(str(model)), folder / str(model)) if model else ():
+        if (cand / "config.json").is_file():
+            return str(cand)
+    return model
+
+
 def _vocab(deploy: dict) -> int | None:
     """The model's vocabulary (prompt token ids are drawn below it), where its folder is found."""
     model = deploy.get("model") or (deploy.get("replica_kwargs") or {}).get("model")
@@ -807,6 +909,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst-s", type=float, default=5.0, help="the burst's seconds")
     ap.add_argument("--window-s", type=float, default=20.0, help="seconds judged after the burst")
     ap.add_argument(
+        "--client",
+        choices=OVERLOAD_CLIENTS,
+        default="tunebook",
+        help="--overload's load generator: tunebook's, or vLLM's own `vllm bench serve` (its"
+        " result JSONs kept beside --json)",
+    )
+    ap.add_argument(
         "--json",
         default=None,
         metavar="PATH",
@@ -830,6 +939,8 @@ def main(argv: list[str] | None = None) -> int:
                     "factor": args.factor,
                     "burst_s": args.burst_s,
                     "window_s": args.window_s,
+                    "client": args.client,
+                    "result_dir": str(Path(args.json).parent) if args.json else None,
                 }
                 if args.overload
                 else None

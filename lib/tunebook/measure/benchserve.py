@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from http import HTTPStatus
 from pathlib import Path
 
 from tunebook.core.errors import ConfigError
@@ -32,6 +33,8 @@ from tunebook.core.workloads import Workload
 
 CLIENT = "vllm-bench"  # serve.client's value that picks this client
 SUPPORTED_KINDS = ("fixed",)
+# HTTP reason phrases back to their codes: a failed request's error is the response's reason.
+_REASONS = {s.phrase: s.value for s in HTTPStatus if s.value >= 400}
 
 
 def worker_args(
@@ -108,6 +111,9 @@ def records(result: dict, perf0: float) -> list[dict]:
         }
         if err or not n_out:
             rec["error"] = err or "no output"
+            code = _REASONS.get(str(err).strip())
+            if code:  # bench keeps a refusal's reason phrase ("Service Unavailable"), not its code
+                rec["status"] = code
             out.append(rec)
             continue
         gaps = [1e3 * g for g in (result["itls"][i] or [])]
@@ -135,33 +141,87 @@ def run(
     timeout_s: float,
 ) -> tuple[list[dict], dict]:
     """Send ``wl`` with ``vllm bench serve``: (records on the schedule's clock, the client check)."""
+    phase = {"step": step, "workload": wl, "workers": workers}
+    return run_phases(base_url, model_name, tokenizer, [phase], slo, result_dir, timeout_s)
+
+
+def run_phases(
+    base_url: str,
+    model_name: str,
+    tokenizer: str,
+    phases: list[dict],
+    slo: dict | None,
+    result_dir: str | Path,
+    timeout_s: float,
+    on_start=None,
+) -> tuple[list[dict], dict]:
+    """Phases of traffic sent by ``vllm bench serve`` workers released together: each phase
+    (``step``, ``workload``, ``workers``, ``delay_s`` after the release, ``tag``) by its own
+    workers, so that a phase starts on time whatever the one before it left waiting (the overload
+    check's burst, then its steady rate). Records are on one clock, 0 at the first request any
+    worker sent, each with its phase's ``tag`` where given. ``on_start()`` is called once the
+    workers are released."""
     result_dir = Path(result_dir)
     result_dir.mkdir(parents=True, exist_ok=True)
+    first_step = phases[0]["step"]
+    argv, delays, owners = [], [], []
+    for ph in phases:
+        args = worker_args(
+            base_url,
+            model_name,
+            tokenizer,
+            ph["workload"],
+            slo,
+            int(ph.get("workers", 1)),
+            result_dir,
+            ph["step"],
+        )
+        for i, a in enumerate(args):
+            argv.append(a)
+            delays.append(float(ph.get("delay_s", 0.0)))
+            owners.append((ph, i))
     job = {
-        "argv": worker_args(base_url, model_name, tokenizer, wl, slo, workers, result_dir, step),
-        "timing": str(result_dir / f"bench-{step}-timing.json"),
+        "argv": argv,
+        "delays": delays,
+        "timing": str(result_dir / f"bench-{first_step}-timing.json"),
     }
-    job_file = result_dir / f"bench-{step}-job.json"
+    job_file = result_dir / f"bench-{first_step}-job.json"
     job_file.write_text(json.dumps(job))
-    log = result_dir / f"bench-{step}.log"
+    timing_file = Path(job["timing"])
+    timing_file.unlink(missing_ok=True)
+    log = result_dir / f"bench-{first_step}.log"
     with open(log, "w") as f:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "tunebook.measure.benchserve", str(job_file)],
             stdout=f,
             stderr=subprocess.STDOUT,
-            timeout=timeout_s,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    if proc.returncode != 0:
+        try:
+            if on_start is not None:  # the timing file appears once the workers are released
+                while proc.poll() is None and not timing_file.is_file():
+                    time.sleep(0.05)
+                if timing_file.is_file():
+                    on_start()
+            code = proc.wait(timeout=timeout_s)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
-        raise RuntimeError(f"vllm bench serve exited with code {proc.returncode}: {tail}")
-    timing = json.loads(Path(job["timing"]).read_text())
+        raise RuntimeError(f"vllm bench serve exited with code {code}: {tail}")
+    timing = json.loads(timing_file.read_text())
     recs: list[dict] = []
     summary = {"completed": 0, "failed": 0, "request_goodput": 0.0, "files": []}
-    for i in range(len(job["argv"])):
-        path = result_dir / f"bench-{step}-w{i}.json"
+    for ph, i in owners:
+        path = result_dir / f"bench-{ph['step']}-w{i}.json"
         res = json.loads(path.read_text())
-        recs += records(res, timing["perf0"])
+        got = records(res, timing["perf0"])
+        if ph.get("tag"):
+            for r in got:
+                r["tag"] = ph["tag"]
+        recs += got
         summary["completed"] += int(res.get("completed") or 0)
         summary["failed"] += int(res.get("failed") or 0)
         summary["request_goodput"] += float(res.get("request_goodput") or 0.0)
@@ -177,8 +237,10 @@ def run(
     first = min((r["sent_s"] for r in recs), default=0.0)
     for i, r in enumerate(sorted(recs, key=lambda r: r["sent_s"])):
         r["request_id"], r["sent_s"] = str(i), r["sent_s"] - first
+    workers = len(argv)
     check = {
         "client": f"vllm bench serve ({workers} process(es), vLLM {timing.get('vllm')})",
+        "client_workers": workers,
         "start_wall": timing["wall0"] + first,
         "bench": summary,
         "errors": sum(1 for r in recs if r.get("error")),
@@ -224,11 +286,14 @@ def _main(job_file: str) -> int:
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(len(parsed) + 1)
 
-    def work(args) -> None:
+    def work(args, delay_s: float) -> None:
         barrier.wait()
+        if delay_s > 0:  # a later phase's workers (run_phases): on the same release's clock
+            time.sleep(delay_s)
         main(args)
 
-    procs = [ctx.Process(target=work, args=(a,)) for a in parsed]
+    delays = job.get("delays") or [0.0] * len(parsed)
+    procs = [ctx.Process(target=work, args=(a, d)) for a, d in zip(parsed, delays, strict=True)]
     for p in procs:
         p.start()
     barrier.wait()  # every worker is ready: the schedule starts now, on every worker's clock
