@@ -12,7 +12,8 @@
 #        launcher, its engine core spawned vs forked),
 #        overload (05's written deployment as written: a 2x burst of 20 s, then 60 s at its
 #        capacity; python -m tunebook.serve --check --overload), overload-bench (the same, sent
-#        by vllm bench serve: --client vllm-bench; its result JSONs kept),
+#        by vllm bench serve: --client vllm-bench; its result JSONs kept; OVERLOAD_RATE=<req/s>
+#        replaces deployment.json's capacity, e.g. one measured on this kind of card),
 #        kv-exact (engines sized in bytes, bf16 and fp8 KV, for ERNIE's, Qwen3's and Llama's full
 #        shapes: each engine's KV capacity must equal the config's arithmetic exactly; ~6 eager
 #        starts),
@@ -160,7 +161,8 @@ while (( i < ${#steps[@]} )); do
       client=tunebook; [[ $step = overload-bench ]] && client=vllm-bench
       mkdir -p "runs/$rid/$step"
       timeout -k 5 "$l" python3 -m tunebook.serve "$d" --check --overload --factor 2 --burst-s 20 \
-             --window-s 60 --client "$client" --json "runs/$rid/$step/check.json" 2>&1 \
+             --window-s 60 --client "$client" ${OVERLOAD_RATE:+--rate "$OVERLOAD_RATE"} \
+             --json "runs/$rid/$step/check.json" 2>&1 \
              | tee "runs/$rid/$step/check.log" | tail -30 ;;
     kv-exact) timeout -k 5 "$l" python3 scripts/engine_check.py --model ernie-4.5-0.3b-pt \
              --model qwen3-0.6b --model llama-3.2-1b --quick --no-timing --run-dir "runs/$rid/kv-exact" \
