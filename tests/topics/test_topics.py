@@ -714,3 +714,35 @@ def test_04s_tradeoff_views_from_the_kept_qwen3_run():
     # on TTFT the deployment beats the default on both axes: a front of one, no line drawn
     assert "Pareto front" not in {t["name"] for t in ttft["data"]}
     assert ttft["layout"]["yaxis"]["rangemode"] == "tozero"
+
+
+def test_04s_tradeoff_views_draw_the_slo_the_points_were_judged_by():
+    """A point keeps its SLO as limits (``Result.slo``), so a reader of the run folder alone (the
+    report) draws the same bounds as the notebook that had the SLO in hand."""
+    from tunebook.core.points import Point, Result
+    from tunebook.topics import headroom
+
+    slo = {"ttft_ms": 500.0, "tpot_ms": 50.0, "itl_ms": 1000.0}
+    point = Point.from_dict(
+        {"point_id": "p", "model": "tiny-ernie", "workload": {}, "mode": "served", "slo": slo}
+    )
+    assert Result.skeleton(point).to_dict()["slo"] == slo
+
+    def pt(config, cap, ttft, gap):
+        m = {
+            "capacity_rps": cap,
+            "ttft_p99_ms_at_capacity": ttft,
+            "chunk_gap_p99_ms_at_capacity": gap,
+        }
+        return {"config": config, "status": "ok", "metrics": m, "slo": slo}
+
+    pts = [pt("default", 100.0, 80.0, 20.0), pt("replicas=2", 180.0, 120.0, 400.0)]
+    ttft, gap = (f.to_dict() for f in headroom.tradeoff_figures(pts))
+    assert [s["x0"] for s in ttft["layout"]["shapes"]] == [500.0]
+    assert [s["x0"] for s in gap["layout"]["shapes"]] == [1000.0]
+    # an SLO given wins; a run folder of points without one draws no bound
+    assert (
+        not headroom.tradeoff_figures(pts, {"ttft_ms": 300.0})[1].to_dict()["layout"].get("shapes")
+    )
+    bare = [{k: v for k, v in p.items() if k != "slo"} for p in pts]
+    assert not headroom.tradeoff_figures(bare)[0].to_dict()["layout"].get("shapes")

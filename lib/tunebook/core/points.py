@@ -168,6 +168,7 @@ class Result:
     workload: dict = field(default_factory=dict)
     serve: dict | None = None
     search: dict | None = None  # served: the capacity search as run (its start_rps included)
+    slo: dict | None = None  # the SLO the point was judged by, as limits ({"ttft_ms": ...})
     status: str = "failed"
     error: str | None = None
     traceback: str | None = None
@@ -204,6 +205,7 @@ class Result:
             workload={**point.workload, **(workload_summary or {})},
             serve=dict(point.serve) or None,
             search=dict(point.search) if point.search is not None else None,
+            slo=dict(point.slo) if point.slo else None,
         )
 
     @classmethod

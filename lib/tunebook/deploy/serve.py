@@ -578,6 +578,8 @@ class _Probes:
         return self.results
 
 
+# Long: a third of it is the keyword arguments and what they mean; the driving and the judging
+# live in _drive_overload, _drive_overload_bench, phase_summary and _overload_why.
 def overload_check(
     base: str,
     deploy: dict,
@@ -645,12 +647,9 @@ def overload_check(
     if client not in OVERLOAD_CLIENTS:
         raise ValueError(f"client {client!r}: one of {', '.join(OVERLOAD_CLIENTS)}")
     res["client_name"] = client
-    if client == benchserve.CLIENT:
-        reqs = None
-        n = round(burst * burst_s) + round(after * (settle_s + window_s))
-    else:
-        reqs = schedule(phases, spec, _vocab(deploy))
-        n = len(reqs)
+    # vllm bench serve draws its own schedule; tunebook's client is given one
+    reqs = None if client == benchserve.CLIENT else schedule(phases, spec, _vocab(deploy))
+    n = len(reqs) if reqs else sum(round(rate * seconds) for _, rate, seconds in phases)
     out(
         f"[serve] overload: burst {factor:g}x the capacity {cap:.3g} req/s ({res['rate_from']}) ="
         f" {burst:.3g} req/s for {burst_s:g} s, then {after:.3g} req/s: {settle_s:g} s to settle,"
@@ -663,9 +662,7 @@ def overload_check(
             base, model, tokenizer, spec, slo, workers, res, result_dir
         )
     else:
-        records, probed, client = _drive_overload(
-            base, model, reqs, workers, burst, burst_s, settle_s, window_s
-        )
+        records, probed, client = _drive_overload(base, model, reqs, workers, burst, burst_s)
     for tag, _, _ in phases:
         res[tag] = phase_summary([r for r in records if r.get("tag") == tag], slo)
     res["burst"].update(_refusal_times(probed))
@@ -678,7 +675,7 @@ def overload_check(
     return res
 
 
-def _drive_overload(base, model, reqs, workers, burst, burst_s, settle_s, window_s):
+def _drive_overload(base, model, reqs, workers, burst, burst_s):
     """Send ``reqs`` on their schedule with probes alongside the burst. Returns the load
     generator's records, the probes' results and its client figures."""
     first = reqs[0] if reqs else None
@@ -701,7 +698,7 @@ def _drive_overload(base, model, reqs, workers, burst, burst_s, settle_s, window
             model,
             reqs,
             sampling={"temperature": 0.0, "ignore_eos": True},
-            timeout_s=max(120.0, 4 * (burst_s + settle_s + window_s)),
+            timeout_s=max(120.0, 4 * (reqs[-1].arrival_s - reqs[0].arrival_s if reqs else 0)),
         )
     return records, probes.join(), client
 
@@ -767,6 +764,8 @@ def _drive_overload_bench(base, model, tokenizer, spec, slo, workers, res, resul
     for r in records:
         if r["tag"] == "after" and r["sent_s"] < start_after + settle_s:
             r["tag"] = "settle"
+    # when the steady rate began, after the burst's first request (burst_s if on time)
+    res["after_start_s"] = round(start_after, 3)
     res["bench_files"] = [str(out_dir / f) for f in check["bench"]["files"]]
     return records, probes.join(), check
 

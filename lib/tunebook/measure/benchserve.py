@@ -19,6 +19,7 @@ dummy weights), beside the point's logs: ``bench-<step>-w<i>.json.gz``.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -189,50 +190,9 @@ def run_phases(
     job_file.write_text(json.dumps(job))
     timing_file = Path(job["timing"])
     timing_file.unlink(missing_ok=True)
-    log = result_dir / f"bench-{first_step}.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tunebook.measure.benchserve", str(job_file)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            if on_start is not None:  # the timing file appears once the workers are released
-                while proc.poll() is None and not timing_file.is_file():
-                    time.sleep(0.05)
-                if timing_file.is_file():
-                    on_start()
-            code = proc.wait(timeout=timeout_s)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-    if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
-        raise RuntimeError(f"vllm bench serve exited with code {code}: {tail}")
+    _spawn(job_file, result_dir / f"bench-{first_step}.log", timing_file, on_start, timeout_s)
     timing = json.loads(timing_file.read_text())
-    recs: list[dict] = []
-    summary = {"completed": 0, "failed": 0, "request_goodput": 0.0, "files": []}
-    for ph, i in owners:
-        path = result_dir / f"bench-{ph['step']}-w{i}.json"
-        res = json.loads(path.read_text())
-        got = records(res, timing["perf0"])
-        if ph.get("tag"):
-            for r in got:
-                r["tag"] = ph["tag"]
-        recs += got
-        summary["completed"] += int(res.get("completed") or 0)
-        summary["failed"] += int(res.get("failed") or 0)
-        summary["request_goodput"] += float(res.get("request_goodput") or 0.0)
-        res.pop(
-            "generated_texts", None
-        )  # random text from dummy weights: noise, and most of the file
-        kept = path.with_suffix(".json.gz")
-        with gzip.open(kept, "wt") as f:
-            json.dump(res, f)
-        path.unlink()
-        summary["files"].append(kept.name)
+    recs, summary = _collect(owners, result_dir, timing["perf0"])
     # The schedule's 0: the first request any worker sent (each samples its prompts first).
     first = min((r["sent_s"] for r in recs), default=0.0)
     for i, r in enumerate(sorted(recs, key=lambda r: r["sent_s"])):
@@ -248,6 +208,57 @@ def run_phases(
         "kept_schedule": None,
     }
     return recs, check
+
+
+def _spawn(job_file: Path, log: Path, timing_file: Path, on_start, timeout_s: float) -> None:
+    """Run the forking runner on ``job_file``; ``on_start()`` once its workers are released (its
+    timing file appears then). A runner that fails raises with its log's tail."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tunebook.measure.benchserve", str(job_file)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            if on_start is not None:
+                while proc.poll() is None and not timing_file.is_file():
+                    time.sleep(0.05)
+                if timing_file.is_file():
+                    on_start()
+            code = proc.wait(timeout=timeout_s)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
+        raise RuntimeError(f"vllm bench serve exited with code {code}: {tail}")
+
+
+def _collect(owners: list, result_dir: Path, perf0: float) -> tuple[list[dict], dict]:
+    """Every worker's records (tagged with its phase's tag) and bench's summary over them; each
+    result JSON kept gzipped, without its generated texts."""
+    recs: list[dict] = []
+    summary = {"completed": 0, "failed": 0, "request_goodput": 0.0, "files": []}
+    for ph, i in owners:
+        path = result_dir / f"bench-{ph['step']}-w{i}.json"
+        res = json.loads(path.read_text())
+        got = records(res, perf0)
+        if ph.get("tag"):
+            for r in got:
+                r["tag"] = ph["tag"]
+        recs += got
+        summary["completed"] += int(res.get("completed") or 0)
+        summary["failed"] += int(res.get("failed") or 0)
+        summary["request_goodput"] += float(res.get("request_goodput") or 0.0)
+        res.pop("generated_texts", None)  # random text from dummy weights: most of the file
+        kept = path.with_suffix(".json.gz")
+        with gzip.open(kept, "wt") as f:
+            json.dump(res, f)
+        path.unlink()
+        summary["files"].append(kept.name)
+    return recs, summary
 
 
 def _known(argv: list[str], options: dict) -> list[str]:
@@ -267,10 +278,13 @@ def _known(argv: list[str], options: dict) -> list[str]:
 
 
 def _main(job_file: str) -> int:
-    """Import vLLM's bench client once, fork one worker per argument list, release them together."""
+    """Import vLLM's bench client once, fork one worker per argument list, and start their
+    schedules together once every worker has drawn its prompts (a later phase's ``delay_s``
+    after that)."""
     import multiprocessing as mp
+    import threading
 
-    from vllm.benchmarks.serve import add_cli_args, main
+    import vllm.benchmarks.serve as bench
 
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -281,34 +295,56 @@ def _main(job_file: str) -> int:
     parsed = []
     for argv in job["argv"]:
         parser = FlexibleArgumentParser()
-        add_cli_args(parser)
+        bench.add_cli_args(parser)
         parsed.append(parser.parse_args(_known(argv, parser._option_string_actions)))
     ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(len(parsed) + 1)
+    # bench serve draws its prompts before its schedule starts: 10 s for 3,000 prompts of 512
+    # tokens, 39 s for 9,900 on an H100 node. A phase that must start when the one before it
+    # ends would start that much late (seen: 18.7 s, the burst's backlog gone by then), so each
+    # worker waits, prompts drawn, until every worker has them: bench.benchmark is where the
+    # schedule starts.
+    ready = ctx.Barrier(len(parsed) + 1)
+    schedule = bench.benchmark
 
     def work(args, delay_s: float) -> None:
-        barrier.wait()
-        if delay_s > 0:  # a later phase's workers (run_phases): on the same release's clock
-            time.sleep(delay_s)
-        main(args)
+        async def aligned(*a, **kw):
+            ready.wait(timeout=1800)
+            if delay_s > 0:  # a later phase's workers (run_phases): on the same clock
+                await asyncio.sleep(delay_s)
+            return await schedule(*a, **kw)
+
+        bench.benchmark = aligned
+        bench.main(args)
 
     delays = job.get("delays") or [0.0] * len(parsed)
     procs = [ctx.Process(target=work, args=(a, d)) for a, d in zip(parsed, delays, strict=True)]
     for p in procs:
         p.start()
-    barrier.wait()  # every worker is ready: the schedule starts now, on every worker's clock
-    perf0, wall0 = time.perf_counter(), time.time()
-    import vllm
-
-    Path(job["timing"]).write_text(
-        json.dumps({"perf0": perf0, "wall0": wall0, "vllm": vllm.__version__})
-    )
+    # the schedule starts now, on every worker's clock (a worker that died first breaks it)
+    waiter = threading.Thread(target=_release, args=(ready, job["timing"]), daemon=True)
+    waiter.start()
     codes = []
     for p in procs:
         p.join()
         codes.append(p.exitcode)
     bad = [c for c in codes if c]
+    if bad and ready.n_waiting:
+        ready.abort()
     return bad[0] if bad else 0
+
+
+def _release(ready, timing: str) -> None:
+    """Wait with the workers until each has drawn its prompts, then note the clock's 0."""
+    import threading
+
+    import vllm
+
+    try:
+        ready.wait(timeout=1800)
+    except threading.BrokenBarrierError:
+        return
+    perf0, wall0 = time.perf_counter(), time.time()
+    Path(timing).write_text(json.dumps({"perf0": perf0, "wall0": wall0, "vllm": vllm.__version__}))
 
 
 if __name__ == "__main__":

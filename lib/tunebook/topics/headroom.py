@@ -338,7 +338,10 @@ def tradeoff_figures(
 ) -> list:
     """04's Pareto view: each configuration's sustained capacity against the TTFT p99 at it and
     against the chunk-gap p99 at it (what a reader of the stream sees), each where measured.
-    Medians over starts; ``chosen`` starred; the limits of ``slo``, if given, drawn."""
+    Medians over starts; ``chosen`` starred; the limits of ``slo`` drawn (None: the SLO the
+    points were judged by, where they keep it)."""
+    if slo is None:
+        slo = next((p["slo"] for p in results if isinstance(p.get("slo"), dict)), None)
     slo = slo or {}
     points = search.measured_capacities(results)
     views = [
