@@ -126,6 +126,19 @@ def test_the_check_reads_a_bounded_server_right():
 
 
 # --------------------------------------------------------------------------- the real thing
+def tiny_deployment(tmp_path) -> tuple:
+    """Two replicas of the tiny model as writers.write_deployment writes them, and the
+    environment start.sh runs in (vLLM's own multiprocessing, the venv's ``vllm`` on PATH)."""
+    folder = tmp_path / "deployment"
+    kwargs = flags.deploy_kwargs("tiny-ernie", SETTINGS)
+    writers.write_deployment(
+        folder, {**CHOICE, "served_choice": {}}, kwargs, 2, served_model_name="tunebook"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # an activated venv
+    return folder, env
+
+
 def capacity(base: str, model: str, out) -> float:
     """The highest of 2, 4, 8, ... req/s (5 s each) at which nothing was refused or failed and
     the SLO held: the deployment's capacity on this machine now (the next rate failed)."""
@@ -165,15 +178,9 @@ def test_after_a_burst_at_8x_capacity_the_deployment_serves_as_before(tmp_path):
     in CI, 4 of 192 at 16 req/s, half of the 32 measured). A stall of a second doubles what a
     replica holds; at a quarter it stays under its bound of 16. The incident refused every
     request at 724 req/s, which a fresh deployment served."""
-    kwargs = flags.deploy_kwargs("tiny-ernie", SETTINGS)
-    folder = tmp_path / "deployment"
-    writers.write_deployment(
-        folder, {**CHOICE, "served_choice": {}}, kwargs, 2, served_model_name="tunebook"
-    )
+    folder, env = tiny_deployment(tmp_path)
     sh = (folder / "start.sh").read_text()
     assert "MAX_QUEUED=${MAX_QUEUED:-16}" in sh and "--disable-circuit-breaker" in sh
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # an activated venv
     lines: list[str] = []
     t0 = time.monotonic()
     try:
@@ -254,13 +261,7 @@ def test_vllms_own_client_drives_the_overload_check_and_its_json_is_kept(tmp_pat
     ``vllm bench serve`` workers released together, the steady rate's workers ``burst_s`` later.
     Every request is tagged with its phase on one clock, nothing fails that is not a refusal, a
     refusal carries its status, and bench's result JSONs are kept where asked."""
-    kwargs = flags.deploy_kwargs("tiny-ernie", SETTINGS)
-    folder = tmp_path / "deployment"
-    writers.write_deployment(
-        folder, {**CHOICE, "served_choice": {}}, kwargs, 2, served_model_name="tunebook"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["PATH"] = f"{os.path.dirname(sys.executable)}:{env['PATH']}"  # an activated venv
+    folder, env = tiny_deployment(tmp_path)
     lines: list[str] = []
     try:
         with serve.running_deployment(folder, timeout_s=600, env=env, out=lines.append) as res:
