@@ -847,9 +847,14 @@ def _served_model(base: str) -> str | None:
     return None
 
 
+def _deploy_model(deploy: dict) -> str | None:
+    """The model deployment.json names (its own key, else the replicas')."""
+    return deploy.get("model") or (deploy.get("replica_kwargs") or {}).get("model")
+
+
 def _model_folder(deploy: dict, folder: Path) -> str | None:
     """The deployment's model folder: as written (from where it runs), else from its folder."""
-    model = deploy.get("model") or (deploy.get("replica_kwargs") or {}).get("model")
+    model = _deploy_model(deploy)
     for cand in (Path(str(model)), folder / str(model)) if model else ():
         if (cand / "config.json").is_file():
             return str(cand)
@@ -858,7 +863,7 @@ def _model_folder(deploy: dict, folder: Path) -> str | None:
 
 def _vocab(deploy: dict) -> int | None:
     """The model's vocabulary (prompt token ids are drawn below it), where its folder is found."""
-    model = deploy.get("model") or (deploy.get("replica_kwargs") or {}).get("model")
+    model = _deploy_model(deploy)
     try:
         return load_shape(model).vocab_size if model else None
     except Exception:  # noqa: BLE001 - a folder not here: the workload's default vocabulary
