@@ -690,6 +690,10 @@ def test_one_deployment_start_serves_every_workload_of_a_configuration(tmp_path)
         res = {p["point_id"]: p for p in SweepDir(tmp_path / "sw").points()}
         a0, a1 = res["a--short-r0"], res["a--long-r0"]
         assert a0["seconds"]["engine_start"] > 0 and "engine_start" not in a1["seconds"]
+        # the API server's own CPU time over each run, from its /metrics (the capacity model's
+        # calibration divides it by requests and chunks); its clock ticks 10 ms: summed over runs
+        cpu = [p["metrics"]["api_server_cpu_s"] for p in res.values()]
+        assert None not in cpu and min(cpu) >= 0 and sum(cpu) > 0, cpu
         assert a1["shared_start"] == "a--short-r0" and "shared_start" not in a0
         assert "teardown" in a1["seconds"] and "teardown" not in a0["seconds"]
         assert a0["engine_start_s"] == a1["engine_start_s"]

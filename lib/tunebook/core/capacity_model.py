@@ -99,6 +99,9 @@ class Calibration:
     eager_factor: float = 1.0  # a step's host time without a CUDA graph / with one (1: unknown)
     other_cores: float = 0.0  # cores vllm-router and the load generator take while measuring
     max_utilization: float = 0.9  # the busiest a host process is run; the model's one fitted figure
+    kv_bytes_shared: int | None = (
+        None  # KV bytes a candidate's replicas share (04's kv_cache_bytes_total)
+    )
 
     def __post_init__(self):
         # JSON (a result file) holds the keys as strings
@@ -154,10 +157,12 @@ class Calibration:
         return max(0, int(budget - self.kv_capacity_tokens * self.kv_bytes_per_token))
 
     def kv_tokens(self, candidate: Candidate) -> int:
-        """KV tokens one replica of ``candidate`` holds: its ``kv_cache_memory_bytes``, or its
-        share of gpu_memory_utilization less its own overhead."""
+        """KV tokens one replica of ``candidate`` holds: its ``kv_cache_memory_bytes``, its share
+        of ``kv_bytes_shared``, or its share of gpu_memory_utilization less its own overhead."""
         if candidate.kv_cache_memory_bytes is not None:
             kv_bytes = candidate.kv_cache_memory_bytes
+        elif self.kv_bytes_shared:
+            kv_bytes = self.kv_bytes_shared // candidate.replicas
         else:
             budget = self.card_memory_bytes * self.gpu_memory_utilization
             kv_bytes = budget / candidate.replicas - self.overhead_bytes()
@@ -296,12 +301,15 @@ def fits(candidate: Candidate, calibration: Calibration) -> str | None:
     r = c.replicas
     if c.max_num_seqs is not None and c.max_num_seqs < 1:
         return f"max_num_seqs={c.max_num_seqs} runs no sequence"
-    if c.kv_cache_memory_bytes is not None:
-        need = r * (cal.overhead_bytes() + c.kv_cache_memory_bytes)
+    kv_each = c.kv_cache_memory_bytes
+    if kv_each is None and cal.kv_bytes_shared:
+        kv_each = cal.kv_bytes_shared // r
+    if kv_each is not None:
+        need = r * (cal.overhead_bytes() + kv_each)
         if need > cal.card_memory_bytes:
             return (
                 f"{r} replicas x ({cal.overhead_bytes() / GIB:.1f} GiB + "
-                f"{c.kv_cache_memory_bytes / GIB:.1f} GiB of KV) = {need / GIB:.1f} GiB, more than"
+                f"{kv_each / GIB:.1f} GiB of KV) = {need / GIB:.1f} GiB, more than"
                 f" the card's {cal.card_memory_bytes / GIB:.1f} GiB"
             )
     kv = cal.kv_tokens(c)

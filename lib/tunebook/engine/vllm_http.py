@@ -34,11 +34,14 @@ COUNTERS = {
     GEN_TOKENS: "engine_generation_tokens",
 }
 GAUGES = (KV_USAGE, RUNNING, WAITING)
+# The API-server process's own CPU seconds (prometheus_client's process collector: not the engine
+# core's, a process of its own; absent where several API servers share a multiprocess registry).
+PROCESS_CPU = "process_cpu_seconds"
 # Only those series, rendered by the server: vLLM mounts prometheus_client's own app under
 # /metrics/ (its plain /metrics renders every histogram, milliseconds of the API server's loop
 # per sample), and that app answers ``name[]`` (sample names: a counter's carries ``_total``).
 METRICS_SUBSET = "/metrics/?" + urllib.parse.urlencode(
-    [("name[]", f"{k}_total") for k in COUNTERS] + [("name[]", g) for g in GAUGES]
+    [("name[]", f"{k}_total") for k in (*COUNTERS, PROCESS_CPU)] + [("name[]", g) for g in GAUGES]
 )
 
 # --------------------------------------------------------------------------- Prometheus text

@@ -70,6 +70,7 @@ from tunebook.engine.vllm_http import (
     COUNTERS,
     GAUGES,
     METRICS_SUBSET,
+    PROCESS_CPU,
     free_port,
     get,
     parse_totals,
@@ -595,7 +596,7 @@ class Deployment:
         total: dict[str, float] = {}
         for url in self.urls:
             m = self._scrape_one(url)
-            for k in (*COUNTERS, *GAUGES):
+            for k in (*COUNTERS, *GAUGES, PROCESS_CPU):
                 if k not in m:
                     continue
                 if k == "vllm:kv_cache_usage_perc":
@@ -756,6 +757,10 @@ class Deployment:
         metrics.update(
             {ours: after.get(k, 0.0) - before.get(k, 0.0) for k, ours in COUNTERS.items()}
         )
+        # The API servers' own host time over the run: what the capacity model's calibration
+        # divides by requests and chunks (None where a server does not export it).
+        cpu = (before.get(PROCESS_CPU), after.get(PROCESS_CPU))
+        metrics["api_server_cpu_s"] = cpu[1] - cpu[0] if None not in cpu else None
         q = metrics.get("prefix_cache_queries") or 0
         metrics["prefix_cache_hit_rate_pct"] = (
             100.0 * metrics["prefix_cache_hits"] / q if q else 0.0

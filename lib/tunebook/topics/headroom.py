@@ -17,9 +17,12 @@ several engine starts, interleaved, and compared with vLLM's default by the one 
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from tunebook.core import claims
+from tunebook.core.capacity_model import Calibration, Candidate, Traffic, enumerate_candidates
 from tunebook.core.errors import ConfigError
 from tunebook.core.metrics import compare, slo_text, spread
 from tunebook.core.model import ModelShape
@@ -99,6 +102,164 @@ def lever_configs(
             c["search"] = {"start_rps": float(search_start[n])}
         out[n] = c
     return out
+
+
+def search_plan(
+    space: dict,
+    configs: dict[str, dict],
+    calibration: Calibration | None,
+    traffic: Traffic,
+    top: int = 3,
+    kv_bytes_total: int | None = None,
+    client_workers: int = 1,
+    search_start: dict | None = None,
+) -> dict:
+    """What 04 measures, and what the model predicted of it: ``{"ranked", "picked", "configs"}``.
+
+    ``configs`` (vLLM's default and the levers given, ``lever_configs``) are always measured,
+    each predicted where the model knows its knobs. With a ``space`` (knob -> values) every
+    candidate of that grid is ranked too (``search.rank``: those that cannot fit the card or the
+    cores set aside, never started) and the few ``search.pick`` gives are measured beside them.
+    A search without a given start (``search_start``) starts at its prediction. ``calibration``
+    None: nothing predicted (and no grid to rank)."""
+    if space and calibration is None:
+        raise ConfigError(
+            "search_space needs the calibration (calibrate: true)", key="search_space"
+        )
+    modelled, unmodelled = {}, []
+    for name, cfg in configs.items():
+        try:
+            modelled[name] = Candidate.from_config(cfg)
+        except ConfigError as e:  # performance_mode ...: measured, not predicted
+            unmodelled.append({"config": name, "fits": None, "reason": str(e), "rank": None})
+    # a configuration given stands for the grid's candidate of the same name
+    grid = {c.name: c for c in enumerate_candidates(space)} if space else {}
+    candidates = {**grid, **modelled}
+    if calibration:
+        ranked = search.rank(candidates, calibration, traffic)
+    else:
+        ranked = [
+            {"config": n, "candidate": c, "fits": None, "reason": None}
+            for n, c in candidates.items()
+        ]
+    ranked += [{**r, "predicted_rps": None} for r in unmodelled]
+    picked = search.pick(ranked, top=top) if space else []
+    chosen = {r["config"] for r in picked}
+    picked += [
+        {**r, "why": "given"}
+        for r in ranked
+        if r["config"] in configs and r["config"] not in chosen
+    ]
+    picked.sort(key=lambda r: r["config"] != search.REFERENCE)  # vLLM's default first
+    starts = {
+        **search.search_starts([r for r in picked if r.get("predicted_rps")]),
+        **(search_start or {}),
+    }
+    out = {}
+    for r in picked:
+        name = r["config"]
+        if name in configs:
+            cfg = dict(configs[name])
+        else:
+            c: Candidate = r["candidate"]
+            cfg = c.to_config()
+            if c.replicas > 1 and kv_bytes_total and c.kv_cache_memory_bytes is None:
+                kv = {"kv_cache_memory_bytes": int(kv_bytes_total) // c.replicas}
+                cfg = merge_config(cfg, {"settings": kv})
+            cfg = merge_config(cfg, {"serve": {"client_workers": client_workers}})
+        if name in starts and "search" not in cfg:
+            cfg["search"] = {"start_rps": float(starts[name])}
+        out[name] = cfg
+    return {"ranked": ranked, "picked": picked, "configs": out}
+
+
+def ranked_frame(plan: dict):
+    """Every candidate: its rank, predicted capacity, the resource the model says binds, and
+    whether (and why) it is measured; those that cannot fit with the reason."""
+    import pandas as pd
+
+    why = {r["config"]: r["why"] for r in plan["picked"]}
+    return pd.DataFrame(
+        [
+            {
+                "config": r["config"],
+                "rank": r.get("rank"),
+                "predicted_rps": r.get("predicted_rps"),
+                "binding": r.get("binding"),
+                "ttft_p99_ms": r.get("ttft_p99_ms"),
+                "measured": why.get(r["config"], ""),
+                "why": r.get("why") if r.get("fits") else r.get("reason"),
+            }
+            for r in plan["ranked"]
+        ]
+    )
+
+
+def race(sweep, configs: dict[str, dict], max_starts: int) -> dict:
+    """Measure ``configs``: one engine start each, then more only where the top is undecided
+    (``search.halving_step``: the better half and vLLM's default, up to ``max_starts``).
+    ``sweep(configs, repeats)`` runs (or resumes) the capacity sweep and returns every point of
+    it. Returns the last step (``decided``, ``best``, ``why``), ``measured`` and ``results``."""
+    results = sweep(configs, 1)
+    while True:
+        caps = search.measured_capacities(results)
+        measured = {n: caps[n]["capacity"] for n in configs if n in caps}
+        step = search.halving_step(measured, max_starts)
+        if not step["next"]:
+            return {**step, "measured": measured, "results": results}
+        most = max(len(v) for v in measured.values())
+        results = sweep({n: configs[n] for n in step["next"]}, most + 1)
+
+
+def errors_view(plan: dict, measured: dict[str, list[float]]) -> dict:
+    """``search.prediction_errors`` of the measured candidates, with its table."""
+    import pandas as pd
+
+    errors = search.prediction_errors(
+        [r for r in plan["ranked"] if r.get("predicted_rps")], measured
+    )
+    return {**errors, "frame": pd.DataFrame(errors["rows"])}
+
+
+def write_search(
+    path,
+    calibration: Calibration | None,
+    plan: dict,
+    errors: dict | None,
+    measured: dict[str, list[float]] | None = None,
+) -> Path:
+    """``search.json``: the calibration, every candidate's prediction (measured or not, and why),
+    and each measured one's error: what a later run or a reader checks the model against."""
+    from dataclasses import asdict
+
+    def row(r: dict) -> dict:
+        out = {k: v for k, v in r.items() if k != "candidate"}
+        if r.get("candidate") is not None:
+            out["candidate"] = r["candidate"].to_config()
+        return out
+
+    doc = {
+        "calibration": asdict(calibration) if calibration else None,
+        "ranked": [row(r) for r in plan["ranked"]],
+        "measured": {r["config"]: r["why"] for r in plan["picked"]},
+        "capacity_rps": measured or {},  # each measured candidate's capacity, one per start
+        "errors": {k: v for k, v in (errors or {}).items() if k != "frame"} or None,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return path
+
+
+def search_recorded_text(path) -> str:
+    """Whether search.json holds a prediction and an error for every measured candidate (what
+    the golden checks: the figures themselves vary from run to run)."""
+    doc = json.loads(Path(path).read_text())
+    modelled = {r["config"] for r in doc["ranked"] if r.get("predicted_rps") is not None}
+    erred = {r["config"] for r in (doc.get("errors") or {}).get("rows", [])}
+    measured = {n for n, v in doc["capacity_rps"].items() if v} & modelled
+    ok = bool(measured) and measured <= erred
+    return f"every measured candidate has its prediction and its error recorded: {ok}"
 
 
 def setup_text(platform: str, vllm: str, model: str, slo: dict, configs: dict, card: tuple) -> str:

@@ -37,18 +37,25 @@ MIN_STARTS = next(n for n in range(1, 10) if chance_apart(n, n) <= ALPHA)
 
 
 # --------------------------------------------------------------------------- rank and pick
-def rank(candidates: list[Candidate], calibration: Calibration, scenario: Traffic) -> list[dict]:
-    """One row per candidate: those that fit by predicted capacity (best first; on a tie the
-    smaller deployment), then those that do not, with the reason and no prediction."""
+def rank(
+    candidates: list[Candidate] | dict[str, Candidate], calibration: Calibration, scenario: Traffic
+) -> list[dict]:
+    """One row per candidate (a list, each named by its knobs, or named ones): those that fit by
+    predicted capacity (best first; on a tie the smaller deployment), then those that do not,
+    with the reason and no prediction."""
+    named = (
+        candidates.items() if isinstance(candidates, dict) else [(c.name, c) for c in candidates]
+    )
     fitting, unfit = [], []
-    for c in candidates:
+    for name, c in named:
         reason = fits(c, calibration)
-        row = {"config": c.name, "candidate": c, "fits": reason is None, "reason": reason}
+        row = {"config": name, "candidate": c, "fits": reason is None, "reason": reason}
         if reason:
             unfit.append({**row, "predicted_rps": None, "binding": None})
             continue
         p = predict(c, calibration, scenario).to_dict()
         p["predicted_rps"] = p.pop("capacity_rps")
+        p["config"] = name  # a given configuration keeps its own name
         fitting.append({**row, **p})
     fitting.sort(
         key=lambda r: (
