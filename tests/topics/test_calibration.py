@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_capacity_model import calibration, traffic
+from test_capacity_model import calibration
 
 from tunebook.core.capacity_model import GIB
 from tunebook.core.errors import ConfigError
@@ -87,11 +87,13 @@ CONFIGS = {
     "perf": {"settings": {"performance_mode": "throughput"}, "serve": {"client_workers": 1}},
 }
 SPACE = {"replicas": [1, 2, 8], "stream_interval": [1, 16]}
+# test_capacity_model's WORKLOAD, SLO: 256-token prompts, 128-token replies, TTFT 500 ms, TPOT 30 ms
+WORKLOAD, SLO = {"prompt_len": 256, "output_len": 128}, {"ttft_ms": 500.0, "tpot_ms": 30.0}
 
 
 def test_a_plan_measures_the_top_the_default_the_check_and_what_was_given():
     cal = calibration(host_cores=8)
-    plan = headroom.search_plan(SPACE, CONFIGS, cal, traffic(), top=1, client_workers=3)
+    plan = headroom.search_plan(SPACE, CONFIGS, cal, WORKLOAD, SLO, top=1, client_workers=3)
     picked = [r["config"] for r in plan["picked"]]
     ranked = {r["config"]: r for r in plan["ranked"]}
     assert picked[0] == "default"  # the reference first
@@ -111,9 +113,9 @@ def test_a_plan_measures_the_top_the_default_the_check_and_what_was_given():
         picked
     )
     with pytest.raises(ConfigError, match="needs the calibration"):
-        headroom.search_plan(SPACE, CONFIGS, None, traffic())
+        headroom.search_plan(SPACE, CONFIGS, None, WORKLOAD, SLO)
     # no grid: what was given, each predicted where the model knows its knobs
-    given = headroom.search_plan({}, CONFIGS, cal, traffic())
+    given = headroom.search_plan({}, CONFIGS, cal, WORKLOAD, SLO)
     assert [r["config"] for r in given["picked"]] == ["default", "perf"]
 
 
@@ -144,8 +146,9 @@ def test_the_race_starts_again_only_where_the_top_is_undecided(tmp_path):
     assert out["decided"] and out["best"] == "b"
     assert ("c", 1) not in starts  # the worse half stopped after one start
     assert out["measured"]["b"] == [30.0, 31.0, 29.0] and len(out["measured"]["default"]) == 3
-    plan = headroom.search_plan({}, {n: {} for n in truth}, calibration(), traffic())
-    errors = headroom.errors_view(plan, out["measured"])
+    plan = headroom.search_plan({}, {n: {} for n in truth}, calibration(), WORKLOAD, SLO)
+    errors = headroom.errors_view(plan, out["measured"], "Figure")
+    assert {d["name"] for d in errors["figure"].to_dict()["data"]} >= set(truth)
     path = headroom.write_search(
         tmp_path / "search.json", calibration(), plan, errors, out["measured"]
     )

@@ -108,7 +108,8 @@ def search_plan(
     space: dict,
     configs: dict[str, dict],
     calibration: Calibration | None,
-    traffic: Traffic,
+    workload: dict,
+    slo: dict,
     top: int = 3,
     kv_bytes_total: int | None = None,
     client_workers: int = 1,
@@ -120,8 +121,10 @@ def search_plan(
     each predicted where the model knows its knobs. With a ``space`` (knob -> values) every
     candidate of that grid is ranked too (``search.rank``: those that cannot fit the card or the
     cores set aside, never started) and the few ``search.pick`` gives are measured beside them.
-    A search without a given start (``search_start``) starts at its prediction. ``calibration``
-    None: nothing predicted (and no grid to rank)."""
+    A search without a given start (``search_start``) starts at its prediction, for requests of
+    ``workload``'s shape under ``slo`` (``served_slo``). ``calibration`` None: nothing predicted
+    (and no grid to rank)."""
+    traffic = Traffic.from_params(workload, slo)
     if space and calibration is None:
         raise ConfigError(
             "search_space needs the calibration (calibrate: true)", key="search_space"
@@ -211,14 +214,18 @@ def race(sweep, configs: dict[str, dict], max_starts: int) -> dict:
         results = sweep({n: configs[n] for n in step["next"]}, most + 1)
 
 
-def errors_view(plan: dict, measured: dict[str, list[float]]) -> dict:
-    """``search.prediction_errors`` of the measured candidates, with its table."""
+def errors_view(plan: dict, measured: dict[str, list[float]], title: str) -> dict:
+    """``search.prediction_errors`` of the measured candidates, with its table (``frame``) and
+    its figure (``figure``: ``search.error_figure``)."""
     import pandas as pd
 
-    errors = search.prediction_errors(
-        [r for r in plan["ranked"] if r.get("predicted_rps")], measured
-    )
-    return {**errors, "frame": pd.DataFrame(errors["rows"])}
+    predicted = [r for r in plan["ranked"] if r.get("predicted_rps")]
+    errors = search.prediction_errors(predicted, measured)
+    return {
+        **errors,
+        "frame": pd.DataFrame(errors["rows"]),
+        "figure": search.error_figure(errors, title),
+    }
 
 
 def write_search(
@@ -243,7 +250,7 @@ def write_search(
         "ranked": [row(r) for r in plan["ranked"]],
         "measured": {r["config"]: r["why"] for r in plan["picked"]},
         "capacity_rps": measured or {},  # each measured candidate's capacity, one per start
-        "errors": {k: v for k, v in (errors or {}).items() if k != "frame"} or None,
+        "errors": {k: v for k, v in (errors or {}).items() if k not in ("frame", "figure")} or None,
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
