@@ -156,6 +156,9 @@ def test_the_race_starts_again_only_where_the_top_is_undecided(tmp_path):
     assert doc["calibration"]["host_cores"] == 64 and doc["capacity_rps"]["c"] == [1.0]
     assert {r["config"] for r in doc["errors"]["rows"]} == set(truth)
     assert headroom.search_recorded_text(path).endswith("recorded: True")
+    fig = headroom.search_error_figure(path).to_dict()  # the report's, from the kept file
+    assert "within 15%" in fig["layout"]["title"]["text"] and fig["data"]
+    assert headroom.search_error_figure(tmp_path / "none.json") is None
     # a measured candidate without its error row is reported as such
     doc["errors"]["rows"] = doc["errors"]["rows"][1:]
     path.write_text(json.dumps(doc))

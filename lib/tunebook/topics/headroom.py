@@ -269,6 +269,18 @@ def search_recorded_text(path) -> str:
     return f"every measured candidate has its prediction and its error recorded: {ok}"
 
 
+def search_error_figure(search_json, title: str = "Predicted against measured capacity"):
+    """The prediction's error figure from a kept ``search.json`` (None: no file, or nothing
+    measured was predicted): what the report shows beside 04's capacity."""
+    path = Path(search_json)
+    if not path.is_file():
+        return None
+    errors = json.loads(path.read_text()).get("errors") or {}
+    if not errors.get("rows"):
+        return None
+    return search.error_figure(errors, f"{title}: {errors.get('text', '').split(':')[0]}")
+
+
 def setup_text(platform: str, vllm: str, model: str, slo: dict, configs: dict, card: tuple) -> str:
     peak, bw, source = card
     return "\n".join(

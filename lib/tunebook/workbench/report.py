@@ -308,6 +308,11 @@ def key_figures(run_dir: Path) -> list[tuple[str, object]]:
             views = headroom.tradeoff_figures(capacity.capacity_points(run_dir), chosen=chosen)
             if views:
                 figs.append((f"{nb.stem}: capacity against latency at it", views[-1]))
+            err = headroom.search_error_figure(run_dir / nb.stem / "search.json")
+            if err is not None:
+                figs.append(
+                    (f"{nb.stem}: the capacity model's prediction against the measure", err)
+                )
             continue
         nb_figs = notebook_figures(nb)
         if nb_figs:
