@@ -81,7 +81,10 @@ def test_within_noise_or_two_starts_keeps_the_default(tmp_path):
     )
     d = capacity.choose_deployment(tmp_path)
     assert d["status"] == "kept: default is best"
-    assert d["reason"].endswith("(155 req/s); the default measured highest"), d["reason"]
+    assert "(155 req/s); the default measured highest; runner-up: replicas=2 at 115" in d["reason"]
+    # the margin to the runner-up, by the one noise rule (two starts a side: never beyond it)
+    assert d["runner_up"]["config"] == "replicas=2" and d["runner_up"]["within_noise"] is True
+    assert d["runner_up"]["ratio"] == pytest.approx(155 / 115)
 
 
 def test_a_client_that_fell_behind_makes_the_capacity_a_lower_bound(tmp_path):
@@ -92,6 +95,11 @@ def test_a_client_that_fell_behind_makes_the_capacity_a_lower_bound(tmp_path):
     )
     d = capacity.choose_deployment(tmp_path)
     assert d["status"] == "changed" and "a lower bound" in d["reason"]
+    # the start script's "chosen:" line names the runner-up and the margin
+    assert d["reason"].endswith(
+        "runner-up: default at 90 req/s, the chosen one 3.33x it (beyond noise: ranges apart over"
+        " 3 and 3 engine starts, p=0.10 by chance)"
+    ), d["reason"]
 
 
 def test_a_best_measured_without_enough_starts_does_not_hide_one_that_beats_the_default(tmp_path):

@@ -160,9 +160,15 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
             status = (
                 "kept: within noise" if best["config"] != reference else "kept: default is best"
             )
+        chosen = best["config"] if winner else reference
+        # (where a best measured one was kept out by the noise, the reason has named it already)
+        runner = _runner_up(ranking, by, chosen) if status != "kept: within noise" else None
+        if runner:
+            reason += f"; runner-up: {runner['text']}"
         return {
             "status": status,
-            "config": best["config"] if winner else reference,
+            "config": chosen,
+            "runner_up": runner,
             "settings": dict(pick["settings"]),
             "serve": serve,
             "replicas": int(serve.get("replicas", 1)),
@@ -177,6 +183,27 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
             "ranking": ranking,
         }
     return None
+
+
+def _runner_up(ranking: list[dict], by: dict, chosen: str) -> dict | None:
+    """The configuration measured next-highest after ``chosen``, and the margin between them by
+    the one noise rule (None where nothing else was measured)."""
+    rest = [r for r in ranking if r["config"] != chosen and r["capacity_median"]]
+    if not rest or not by[chosen]["values"]:
+        return None
+    r = rest[0]
+    c = compare(by[r["config"]]["values"], by[chosen]["values"])
+    text = (
+        f"{r['config']} at {r['capacity_median']:.3g} req/s, the chosen one {c['ratio']:.2f}x it"
+        f" ({c['noise']})"
+    )
+    return {
+        "config": r["config"],
+        "capacity_rps": r["capacity_median"],
+        "ratio": c["ratio"],
+        "within_noise": c["within_noise"],
+        "text": text,
+    }
 
 
 # --------------------------------------------------------------------------- the files
