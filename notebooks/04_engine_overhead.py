@@ -145,7 +145,6 @@ floor, floor_table, text = headroom.diagnosis_view(decode, diagnosis_workload, w
 display(floor_table) if floor_table is not None else None
 print(text)
 
-
 # %% [markdown]
 # ## 2. Calibrate, predict, pick
 #
@@ -154,7 +153,6 @@ print(text)
 # request and per streamed chunk (one `vllm serve` of the default, a short and a long reply). Then
 # every candidate, by predicted sustained capacity under the SLO; those that cannot fit the card or
 # the host's cores are never started.
-#
 
 # %%
 cal = None
@@ -185,21 +183,22 @@ plan = headroom.search_plan(
 )
 display(headroom.ranked_frame(plan).round(3))
 
-
 # %% [markdown]
 # ## 3. Levers, served: sustained capacity under the SLO
 #
 # Each configuration measured gets one engine start; further starts go only to the better half and
 # vLLM's default while the top is undecided, up to `repeats` a configuration.
-#
 
 # %%
-def capacity_sweep(cfgs: dict, n: int) -> list[dict]:
-    kw = dict(mode="served", slo=slo, search=search, env=dict(server_env), warmup_requests=2)
-    wb.sweep("capacity", cfgs, {**workload, "name": "chat"}, repeats=n, **kw)
-    return [p for p in wb.results("capacity") if p.get("config") in plan["configs"]]
-
-
+capacity_sweep = wb.runner(
+    "capacity",
+    {**workload, "name": "chat"},
+    mode="served",
+    slo=slo,
+    search=search,
+    env=dict(server_env),
+    warmup_requests=2,
+)
 raced = headroom.race(capacity_sweep, plan["configs"], repeats)
 print(raced["why"])
 results = raced["results"]
@@ -236,7 +235,6 @@ print(headroom.client_text(cap))
 # Each measured configuration's capacity (median, and its range over starts) against the model's
 # prediction; the band is +-15%. A configuration the model got wrong by more than that is named
 # with the resource the model said binds: where it goes wrong is what to fix in it.
-#
 
 # %%
 title = "Figure 4.3. Predicted against measured sustained capacity"
@@ -249,11 +247,9 @@ if errors:
     print(errors["text"])
     errors["figure"].show()
 
-
 # %%
 # NBVAL_CHECK_OUTPUT
 print(headroom.search_recorded_text(search_file) if cal else "no calibration: nothing predicted")
-
 
 # %% [markdown]
 # ## 5. Verdict

@@ -202,9 +202,11 @@ def race(sweep, configs: dict[str, dict], max_starts: int) -> dict:
     """Measure ``configs``: one engine start each, then more only where the top is undecided
     (``search.halving_step``: the better half and vLLM's default, up to ``max_starts``).
     ``sweep(configs, repeats)`` runs (or resumes) the capacity sweep and returns every point of
-    it. Returns the last step (``decided``, ``best``, ``why``), ``measured`` and ``results``."""
+    it. Returns the last step (``decided``, ``best``, ``why``), ``measured`` and ``results``
+    (the points of ``configs``: the sweep may hold others, from an earlier run of it)."""
     results = sweep(configs, 1)
     while True:
+        results = [p for p in results if p.get("config") in configs]
         caps = search.measured_capacities(results)
         measured = {n: caps[n]["capacity"] for n in configs if n in caps}
         step = search.halving_step(measured, max_starts)

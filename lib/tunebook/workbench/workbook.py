@@ -124,6 +124,16 @@ class Workbook:
     def frame(self, name: str):
         return load_sweep(self.sweep_dir(name))
 
+    def runner(self, name: str, workload: dict, **extra):
+        """``(configs, repeats) -> points``: sweep ``name`` run (or resumed) for those
+        configurations, then every point it holds (what ``headroom.race`` calls each round)."""
+
+        def run(configs: dict[str, dict], repeats: int) -> list[dict]:
+            self.sweep(name, configs, workload, repeats=repeats, **extra)
+            return self.results(name)
+
+        return run
+
 
 def _done(sd: SweepDir, point_id: str) -> bool:
     try:
