@@ -167,7 +167,7 @@ if calibrate:
         warmup_requests=2,
     )
     cal = calibration.from_results(
-        wb.results("diagnosis"), wb.results("calibration"), wb.shape, kv_cache_bytes_total
+        wb.results("diagnosis"), wb.results("calibration"), wb.shape, kv_cache_bytes_total, card
     )
     display(calibration.table(cal).round(4))
 plan = headroom.search_plan(

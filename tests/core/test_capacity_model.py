@@ -279,3 +279,22 @@ def test_interpolation_keeps_a_steps_fixed_cost_and_extends_the_last_slope():
     assert cal.host_step_ms(448) == pytest.approx(13.0)
     assert cal.gpu_step_ms(64) == 0.0
     assert math.isclose(calibration().gpu_step_ms(1024), gpu(1024))  # 8 engines: the GPU's own work
+
+
+def test_the_gpus_part_of_a_step_is_measured_sharing_else_its_floor_else_nothing():
+    shared = calibration()
+    alone = calibration(step_ms={1: {b: host(b) for b in BATCHES}})
+    floored = calibration(
+        step_ms={1: {b: host(b) for b in BATCHES}}, gpu_floor_ms={1: 0.2, 1024: 1.0}
+    )
+    assert shared.gpu_step_ms(64) == pytest.approx(
+        min(max(host(64), n * gpu(64)) / n for n in (2, 4, 8))
+    )
+    assert alone.gpu_step_ms(64) == 0.0
+    assert floored.gpu_step_ms(1024) == pytest.approx(1.0)
+    # the floor makes many replicas pay for sharing the GPU: 8 replicas predict less with it
+    c = Candidate(replicas=8, stream_interval=16)
+    roomy = {"host_cores": 64}
+    cheap = predict(c, calibration(step_ms=alone.step_ms, **roomy), traffic()).capacity_rps
+    costly = calibration(step_ms=alone.step_ms, gpu_floor_ms={1: 2.0, 1024: 20.0}, **roomy)
+    assert predict(c, costly, traffic()).capacity_rps < cheap

@@ -74,6 +74,13 @@ def test_a_calibration_is_read_from_the_diagnosis_and_the_served_start():
     assert cal.replica_memory_bytes == GIB // 2  # on CPU: what loading the model took
     assert cal.api_request_ms == pytest.approx(0.5)
     assert list(calib.table(cal)["figure"])[0] == "decode step at batch 1, ms"
+    # no engines-sharing calibration: with the card's figures, each step's roofline floor is the
+    # GPU's part of it (a lower bound); without them, none (0: replicas see no GPU contention)
+    assert cal.gpu_floor_ms is None and cal.gpu_step_ms(8) == 0.0
+    floored = calib.from_results(pts, api, shape, card=(0.2, 0.02, "given"))
+    assert set(floored.gpu_floor_ms) == {1, 8}
+    assert 0 < floored.gpu_step_ms(8) == floored.gpu_floor_ms[8] < floored.host_step_ms(8)
+    assert "GPU floor of a step at batch 8, ms" in set(calib.table(floored)["figure"])
     with pytest.raises(ConfigError, match="no decode step"):
         calib.from_results(pts[:1], api, shape)
     with pytest.raises(ConfigError, match="whole numbers"):

