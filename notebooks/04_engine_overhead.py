@@ -120,7 +120,7 @@ platform = platform_name()
 card = roofline.card_figures(peak_tflops, hbm_tb_s)
 slo = headroom.served_slo(slo_ttft_ms, slo_tpot_ms, slo_attainment_pct, slo_chunk_gap_ms)
 configs = headroom.lever_configs(
-    levers, replica_counts, kv_cache_bytes_total, router_policy, client_workers, search_start
+    levers, replica_counts, kv_cache_bytes_total, router_policy, client_workers
 )
 print(headroom.setup_text(platform, vllm_version(), model, slo, configs, card))
 
@@ -180,6 +180,7 @@ plan = headroom.search_plan(
     kv_cache_bytes_total,
     client_workers,
     search_start,
+    search.get("max_rps"),
 )
 display(headroom.ranked_frame(plan).round(3))
 
@@ -238,7 +239,7 @@ print(headroom.client_text(cap))
 
 # %%
 title = "Figure 4.3. Predicted against measured sustained capacity"
-errors = headroom.errors_view(plan, raced["measured"], title) if cal else None
+errors = headroom.errors_view(plan, raced["measured"], title, results) if cal else None
 search_file = headroom.write_search(
     wb.sweep_dir("capacity").parent / "search.json", cal, plan, errors, raced["measured"]
 )

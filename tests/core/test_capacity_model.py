@@ -298,3 +298,9 @@ def test_the_gpus_part_of_a_step_is_measured_sharing_else_its_floor_else_nothing
     cheap = predict(c, calibration(step_ms=alone.step_ms, **roomy), traffic()).capacity_rps
     costly = calibration(step_ms=alone.step_ms, gpu_floor_ms={1: 2.0, 1024: 20.0}, **roomy)
     assert predict(c, costly, traffic()).capacity_rps < cheap
+
+
+def test_shared_kv_bytes_split_between_replicas_only():
+    cal = calibration(kv_bytes_shared=8 * GIB)
+    assert cal.kv_tokens(Candidate()) == cal.kv_capacity_tokens  # one replica: the engine's own
+    assert cal.kv_tokens(Candidate(replicas=2)) == 4 * GIB // cal.kv_bytes_per_token

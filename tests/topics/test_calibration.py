@@ -170,3 +170,66 @@ def test_the_race_starts_again_only_where_the_top_is_undecided(tmp_path):
     doc["errors"]["rows"] = doc["errors"]["rows"][1:]
     path.write_text(json.dumps(doc))
     assert headroom.search_recorded_text(path).endswith("recorded: False")
+
+
+def test_a_race_whose_further_starts_all_fail_stops():
+    calls: list[int] = []
+
+    def sweep(cfgs: dict, n: int) -> list[dict]:
+        calls.append(n)
+        ok = [
+            {"config": c, "repeat": 0, "status": "ok", "metrics": {"capacity_rps": v}}
+            for c, v in (("default", 10.0), ("b", 10.5))
+        ]
+        return ok + [
+            {"config": c, "repeat": r, "status": "error"} for c in cfgs for r in range(1, n)
+        ]
+
+    out = headroom.race(sweep, {"default": {}, "b": {}}, max_starts=3)
+    assert calls == [1, 2] and out["next"] == [] and "all failed" in out["why"]
+
+
+def test_a_plan_clamps_starts_to_the_cap_and_takes_a_start_for_a_grid_candidate():
+    cal = calibration(host_cores=8)
+    top = headroom.search_plan(SPACE, CONFIGS, cal, WORKLOAD, SLO, top=1)
+    name = next(n for n in top["configs"] if n not in CONFIGS)
+    assert top["configs"][name]["search"]["start_rps"] > 5.0
+    capped = headroom.search_plan(SPACE, CONFIGS, cal, WORKLOAD, SLO, top=1, max_rps=5.0)
+    assert capped["configs"][name]["search"]["start_rps"] == 5.0  # not above the search's cap
+    given = headroom.search_plan(
+        SPACE, CONFIGS, cal, WORKLOAD, SLO, top=1, search_start={name: 7.0}
+    )
+    assert given["configs"][name]["search"]["start_rps"] == 7.0
+    with pytest.raises(ConfigError, match="search_start"):
+        headroom.search_plan(SPACE, CONFIGS, cal, WORKLOAD, SLO, search_start={"nope": 1.0})
+    # a given configuration named like a grid candidate, or with its knobs, stands for it: once
+    odd = {
+        **CONFIGS,
+        "stream_interval=16": {"settings": {"performance_mode": "x"}},
+        "two": {"serve": {"replicas": 2}},
+    }
+    plan = headroom.search_plan(SPACE, odd, cal, WORKLOAD, SLO, top=1)
+    names = [r["config"] for r in plan["ranked"]]
+    assert names.count("stream_interval=16") == 1 and "replicas=2" not in names and "two" in names
+
+
+def test_capped_searches_are_lower_bounds_and_search_json_is_strict(tmp_path):
+    plan = headroom.search_plan(
+        {}, {"default": {}, "b": {"settings": {"stream_interval": 4}}}, calibration(), WORKLOAD, SLO
+    )
+    results = [
+        {"config": "default", "status": "ok", "metrics": {"capacity_rps": 0.0}},
+        {
+            "config": "b",
+            "status": "ok",
+            "metrics": {"capacity_rps": 256.0, "capacity_capped": True},
+        },
+    ]
+    errors = headroom.errors_view(plan, {"default": [0.0], "b": [256.0]}, "F", results)
+    b = next(r for r in errors["rows"] if r["config"] == "b")
+    assert b["lower_bound"] and not b["wrong"] and "stopped at its cap" in errors["text"]
+    path = headroom.write_search(
+        tmp_path / "s.json", calibration(), plan, errors, {"default": [0.0]}
+    )
+    doc = json.loads(path.read_text())  # the infinite error of a 0 capacity is null, not Infinity
+    assert next(r for r in doc["errors"]["rows"] if r["config"] == "default")["error_pct"] is None

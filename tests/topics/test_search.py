@@ -245,3 +245,10 @@ def test_measured_capacities_read_04s_points():
     assert got["a"]["capacity"] == [100.0, 120.0] and got["a"]["capacity_rps"] == 110.0
     assert got["a"]["ttft_p99_ms"] == 50.0 and got["a"]["chunk_gap_p99_ms"] is None
     assert got["b"]["capacity"] == [0.0] and got["b"]["ttft_p99_ms"] is None
+
+
+def test_no_check_on_the_model_when_every_candidate_predicts_the_same():
+    cands = {"default": Candidate(), "same": Candidate()}  # one deployment under two names
+    ranked = search.rank(cands, calibration(host_cores=64), traffic())
+    assert ranked[0]["predicted_rps"] == ranked[1]["predicted_rps"]
+    assert [r["why"] for r in search.pick(ranked, top=1)] == ["ranked 1 of 2 by prediction"]

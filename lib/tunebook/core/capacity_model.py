@@ -100,7 +100,9 @@ class Calibration:
     eager_factor: float = 1.0  # a step's host time without a CUDA graph / with one (1: unknown)
     other_cores: float = 0.0  # cores vllm-router and the load generator take while measuring
     max_utilization: float = 0.9  # the busiest a host process is run; the model's one fitted figure
-    kv_bytes_shared: int | None = None  # KV bytes the replicas share (kv_cache_bytes_total)
+    # KV bytes the replicas of a candidate of more than one share (04's kv_cache_bytes_total, as
+    # replica_configs splits it); one replica keeps the engine's own (kv_capacity_tokens)
+    kv_bytes_shared: int | None = None
     # batch -> the roofline floor of a decode step (ms): a lower bound on the GPU's own work in a
     # step, used for g(b) where no engines-sharing-the-GPU calibration was made
     gpu_floor_ms: dict[int, float] | None = None
@@ -168,7 +170,7 @@ class Calibration:
         of ``kv_bytes_shared``, or its share of gpu_memory_utilization less its own overhead."""
         if candidate.kv_cache_memory_bytes is not None:
             kv_bytes = candidate.kv_cache_memory_bytes
-        elif self.kv_bytes_shared:
+        elif self.kv_bytes_shared and candidate.replicas > 1:
             kv_bytes = self.kv_bytes_shared // candidate.replicas
         else:
             budget = self.card_memory_bytes * self.gpu_memory_utilization
@@ -309,7 +311,7 @@ def fits(candidate: Candidate, calibration: Calibration) -> str | None:
     if c.max_num_seqs is not None and c.max_num_seqs < 1:
         return f"max_num_seqs={c.max_num_seqs} runs no sequence"
     kv_each = c.kv_cache_memory_bytes
-    if kv_each is None and cal.kv_bytes_shared:
+    if kv_each is None and cal.kv_bytes_shared and r > 1:
         kv_each = cal.kv_bytes_shared // r
     if kv_each is not None:
         need = r * (cal.overhead_bytes() + kv_each)

@@ -124,6 +124,11 @@ def from_results(
             key="calibration_batches",
         )
     cap, env, mem = ref.get("capacity") or {}, ref.get("env") or {}, ref.get("memory") or {}
+    missing = [k for k in ("kv_capacity_tokens", "max_model_len") if not cap.get(k)]
+    if missing:
+        raise ConfigError(
+            f"calibration: the diagnosis engine did not report {', '.join(missing)}", key=missing[0]
+        )
     kv_dtype = cap.get("kv_cache_dtype") or "auto"
     card_gib = mem.get("device_memory_total_gib")
     on_cpu = env.get("platform") == "cpu"

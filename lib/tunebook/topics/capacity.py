@@ -188,7 +188,9 @@ def choose_deployment(run_dir: str | Path, reference: str = "default") -> dict |
 def _runner_up(ranking: list[dict], by: dict, chosen: str) -> dict | None:
     """The configuration measured next-highest after ``chosen``, and the margin between them by
     the one noise rule (None where nothing else was measured)."""
-    rest = [r for r in ranking if r["config"] != chosen and r["capacity_median"]]
+    names = [r["config"] for r in ranking]
+    below = ranking[names.index(chosen) + 1 :] if chosen in names else []
+    rest = [r for r in below if r["capacity_median"]]
     if not rest or not by[chosen]["values"]:
         return None
     r = rest[0]

@@ -114,6 +114,7 @@ def search_plan(
     kv_bytes_total: int | None = None,
     client_workers: int = 1,
     search_start: dict | None = None,
+    max_rps: float | None = None,
 ) -> dict:
     """What 04 measures, and what the model predicted of it: ``{"ranked", "picked", "configs"}``.
 
@@ -135,8 +136,18 @@ def search_plan(
             modelled[name] = Candidate.from_config(cfg)
         except ConfigError as e:  # performance_mode ...: measured, not predicted
             unmodelled.append({"config": name, "fits": None, "reason": str(e), "rank": None})
-    # a configuration given stands for the grid's candidate of the same name
-    grid = {c.name: c for c in enumerate_candidates(space)} if space else {}
+    # a configuration given stands for the grid's candidate of its name or of its knobs
+    grid = {
+        c.name: c
+        for c in (enumerate_candidates(space) if space else [])
+        if c.name not in configs and c not in modelled.values()
+    }
+    unknown = sorted(set(search_start or {}) - set(configs) - set(grid))
+    if unknown:
+        raise ConfigError(
+            f"search_start: {unknown} are not configurations ({', '.join([*configs, *grid])})",
+            key="search_start",
+        )
     candidates = {**grid, **modelled}
     if calibration:
         ranked = search.rank(candidates, calibration, traffic)
@@ -154,10 +165,12 @@ def search_plan(
         if r["config"] in configs and r["config"] not in chosen
     ]
     picked.sort(key=lambda r: r["config"] != search.REFERENCE)  # vLLM's default first
-    starts = {
-        **search.search_starts([r for r in picked if r.get("predicted_rps")]),
-        **(search_start or {}),
-    }
+    # each search starts at its prediction (at most the search's max_rps: a start above it
+    # would "hold" there and report the prediction itself as the capacity)
+    predicted = search.search_starts([r for r in picked if r.get("predicted_rps")])
+    if max_rps:
+        predicted = {n: min(v, float(max_rps)) for n, v in predicted.items()}
+    starts = {**predicted, **(search_start or {})}
     out = {}
     for r in picked:
         name = r["config"]
@@ -204,25 +217,36 @@ def race(sweep, configs: dict[str, dict], max_starts: int) -> dict:
     ``sweep(configs, repeats)`` runs (or resumes) the capacity sweep and returns every point of
     it. Returns the last step (``decided``, ``best``, ``why``), ``measured`` and ``results``
     (the points of ``configs``: the sweep may hold others, from an earlier run of it)."""
-    results = sweep(configs, 1)
+    results, had = sweep(configs, 1), -1
     while True:
         results = [p for p in results if p.get("config") in configs]
         caps = search.measured_capacities(results)
         measured = {n: caps[n]["capacity"] for n in configs if n in caps}
         step = search.halving_step(measured, max_starts)
+        ok = sum(len(v) for v in measured.values())
+        if ok == had:  # a round whose every start failed: more of them would fail alike
+            step = {
+                **step,
+                "next": [],
+                "why": "the last round's starts all failed (their points hold why)",
+            }
         if not step["next"]:
             return {**step, "measured": measured, "results": results}
-        most = max(len(v) for v in measured.values())
+        had, most = ok, max(len(v) for v in measured.values())
         results = sweep({n: configs[n] for n in step["next"]}, most + 1)
 
 
-def errors_view(plan: dict, measured: dict[str, list[float]], title: str) -> dict:
-    """``search.prediction_errors`` of the measured candidates, with its table (``frame``) and
-    its figure (``figure``: ``search.error_figure``)."""
+def errors_view(
+    plan: dict, measured: dict[str, list[float]], title: str, results: list[dict] | None = None
+) -> dict:
+    """``search.prediction_errors`` of the measured candidates (those whose search stopped at
+    its cap in ``results`` as lower bounds), with its table (``frame``) and its figure
+    (``figure``: ``search.error_figure``)."""
     import pandas as pd
 
     predicted = [r for r in plan["ranked"] if r.get("predicted_rps")]
-    errors = search.prediction_errors(predicted, measured)
+    capped = {n for n, v in search.measured_capacities(results or []).items() if v["capped"]}
+    errors = search.prediction_errors(predicted, measured, capped)
     return {
         **errors,
         "frame": pd.DataFrame(errors["rows"]),
@@ -256,8 +280,19 @@ def write_search(
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    path.write_text(json.dumps(_finite(doc), indent=1, default=str, allow_nan=False) + "\n")
     return path
+
+
+def _finite(x):
+    """``x`` with inf and NaN as None: strict JSON (a capacity of 0 gives an infinite error)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
 
 
 def search_recorded_text(path) -> str:

@@ -82,7 +82,13 @@ def pick(ranked: list[dict], top: int = 4, check: bool = True) -> list[dict]:
     if ref is not None and REFERENCE not in out:
         out[REFERENCE] = {**ref, "why": f"vLLM's default (ranked {ref['rank']} of {n})"}
     if check:
-        low = [r for r in fitting if r["config"] not in out and r["predicted_rps"] > 0]
+        # strictly below the top's prediction: a tie with it would check nothing
+        best = fitting[0]["predicted_rps"] if fitting else 0
+        low = [
+            r
+            for r in fitting
+            if r["config"] not in out and 0 < r["predicted_rps"] < best * (1 - MIN_GAP)
+        ]
         if low:
             r = low[-1]
             out[r["config"]] = {**r, "why": f"check on the model: ranked {r['rank']} of {n}"}
@@ -153,10 +159,15 @@ def mape(pairs: list[tuple[float, float]]) -> float:
     return 100.0 * statistics.fmean(errs) if errs else float("nan")
 
 
-def prediction_errors(ranked: list[dict], measured: dict[str, list[float]]) -> dict:
+def prediction_errors(
+    ranked: list[dict], measured: dict[str, list[float]], lower_bounds: set | None = None
+) -> dict:
     """Predicted against measured capacity for every measured candidate (``rank``'s rows and
     each candidate's capacity per start): ``rows``, ``mape_pct``, ``wrong`` (more than
-    ``ERROR_BOUND`` off, with the resource the model said binds) and a ``text`` line."""
+    ``ERROR_BOUND`` off, with the resource the model said binds) and a ``text`` line.
+    ``lower_bounds``: candidates whose search stopped at its cap (their capacity is at least
+    what was measured): kept in the rows, left out of the mean and of ``wrong``."""
+    lower_bounds = set(lower_bounds or ())
     by = {r["config"]: r for r in ranked}
     rows = []
     for name, vals in measured.items():
@@ -175,7 +186,8 @@ def prediction_errors(ranked: list[dict], measured: dict[str, list[float]]) -> d
                 "measured_max": max(vals),
                 "n": len(vals),
                 "error_pct": 100.0 * err,
-                "wrong": abs(err) > ERROR_BOUND,
+                "wrong": abs(err) > ERROR_BOUND and name not in lower_bounds,
+                "lower_bound": name in lower_bounds,
                 "binding": r.get("binding"),
                 "batch_limit": r.get("batch_limit"),
             }
@@ -188,7 +200,7 @@ def prediction_errors(ranked: list[dict], measured: dict[str, list[float]]) -> d
             if row["wrong"]
             else ""
         )
-    err = mape([(r["predicted_rps"], r["measured_median"]) for r in rows])
+    err = mape([(r["predicted_rps"], r["measured_median"]) for r in rows if not r["lower_bound"]])
     wrong = [r for r in rows if r["wrong"]]
     zero = [r["config"] for r in rows if not r["measured_median"]]
     text = (
@@ -200,6 +212,9 @@ def prediction_errors(ranked: list[dict], measured: dict[str, list[float]]) -> d
     )
     if zero:
         text += f" ({', '.join(zero)} held no rate: left out of the mean)"
+    capped = [r["config"] for r in rows if r["lower_bound"]]
+    if capped:
+        text += f" ({', '.join(capped)}: the search stopped at its cap, a lower bound: left out)"
     if wrong:
         text += "; wrong by more than 15%: " + "; ".join(
             f"{r['config']}: {r['why']}" for r in wrong
@@ -215,8 +230,11 @@ def measured_capacities(results: list[dict]) -> dict[str, dict]:
         if p.get("status") != "ok":
             continue
         m = p.get("metrics") or {}
-        e = out.setdefault(str(p.get("config")), {"capacity": [], "ttft": [], "gap": []})
+        e = out.setdefault(
+            str(p.get("config")), {"capacity": [], "ttft": [], "gap": [], "capped": False}
+        )
         e["capacity"].append(float(m.get("capacity_rps") or 0.0))
+        e["capped"] = e["capped"] or bool(m.get("capacity_capped"))
         for key, col in (
             ("ttft", "ttft_p99_ms_at_capacity"),
             ("gap", "chunk_gap_p99_ms_at_capacity"),
@@ -227,6 +245,7 @@ def measured_capacities(results: list[dict]) -> dict[str, dict]:
         name: {
             "capacity": e["capacity"],
             "capacity_rps": statistics.median(e["capacity"]),
+            "capped": e["capped"],  # a search stopped at its max_rps: a lower bound
             "ttft_p99_ms": statistics.median(e["ttft"]) if e["ttft"] else None,
             "chunk_gap_p99_ms": statistics.median(e["gap"]) if e["gap"] else None,
         }
