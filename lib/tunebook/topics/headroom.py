@@ -177,16 +177,21 @@ def search_plan(
         if name in configs:
             cfg = dict(configs[name])
         else:
-            c: Candidate = r["candidate"]
-            cfg = c.to_config()
-            if c.replicas > 1 and kv_bytes_total and c.kv_cache_memory_bytes is None:
-                kv = {"kv_cache_memory_bytes": int(kv_bytes_total) // c.replicas}
-                cfg = merge_config(cfg, {"settings": kv})
-            cfg = merge_config(cfg, {"serve": {"client_workers": client_workers}})
+            cfg = candidate_config(r["candidate"], kv_bytes_total, client_workers)
         if name in starts and "search" not in cfg:
             cfg["search"] = {"start_rps": float(starts[name])}
         out[name] = cfg
     return {"ranked": ranked, "picked": picked, "configs": out}
+
+
+def candidate_config(c: Candidate, kv_bytes_total: int | None, client_workers: int) -> dict:
+    """A grid candidate as a 04 configuration: its knobs, its replicas' share of
+    ``kv_bytes_total`` (as ``replica_configs`` splits it) and the load generator's processes."""
+    cfg = c.to_config()
+    if c.replicas > 1 and kv_bytes_total and c.kv_cache_memory_bytes is None:
+        kv = {"kv_cache_memory_bytes": int(kv_bytes_total) // c.replicas}
+        cfg = merge_config(cfg, {"settings": kv})
+    return merge_config(cfg, {"serve": {"client_workers": client_workers}})
 
 
 def ranked_frame(plan: dict):
