@@ -233,3 +233,32 @@ def test_capped_searches_are_lower_bounds_and_search_json_is_strict(tmp_path):
     )
     doc = json.loads(path.read_text())  # the infinite error of a 0 capacity is null, not Infinity
     assert next(r for r in doc["errors"]["rows"] if r["config"] == "default")["error_pct"] is None
+
+
+def test_a_search_that_held_at_its_prediction_does_not_resolve_the_error():
+    plan = headroom.search_plan({}, {"default": {}}, calibration(), WORKLOAD, SLO)
+    pred = plan["ranked"][0]["predicted_rps"]  # the search started here, held, failed at 2x
+    held = [
+        {
+            "config": "default",
+            "status": "ok",
+            "metrics": {"capacity_rps": pred, "first_failing_rps": 2 * pred},
+        }
+    ]
+    errors = headroom.errors_view(plan, {"default": [pred]}, "F", held)
+    assert errors["rows"][0]["within_step"] and errors["rows"][0]["step_pct"] == pytest.approx(100)
+    assert (
+        errors["text"].startswith("no measured candidate resolves")
+        and "failed 100% above" in errors["text"]
+    )
+    # a bisected search (steps of 10%) does resolve it
+    fine = [
+        {
+            "config": "default",
+            "status": "ok",
+            "metrics": {"capacity_rps": pred, "first_failing_rps": 1.1 * pred},
+        }
+    ]
+    assert headroom.errors_view(plan, {"default": [pred]}, "F", fine)["text"].startswith(
+        "predicted capacity within 15%"
+    )

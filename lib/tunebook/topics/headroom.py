@@ -250,8 +250,10 @@ def errors_view(
     import pandas as pd
 
     predicted = [r for r in plan["ranked"] if r.get("predicted_rps")]
-    capped = {n for n, v in search.measured_capacities(results or []).items() if v["capped"]}
-    errors = search.prediction_errors(predicted, measured, capped)
+    caps = search.measured_capacities(results or [])
+    capped = {n for n, v in caps.items() if v["capped"]}
+    steps = {n: (v["capacity_rps"], v["first_failing_rps"]) for n, v in caps.items()}
+    errors = search.prediction_errors(predicted, measured, capped, steps)
     return {
         **errors,
         "frame": pd.DataFrame(errors["rows"]),

@@ -160,14 +160,22 @@ def mape(pairs: list[tuple[float, float]]) -> float:
 
 
 def prediction_errors(
-    ranked: list[dict], measured: dict[str, list[float]], lower_bounds: set | None = None
+    ranked: list[dict],
+    measured: dict[str, list[float]],
+    lower_bounds: set | None = None,
+    steps: dict[str, tuple] | None = None,
 ) -> dict:
     """Predicted against measured capacity for every measured candidate (``rank``'s rows and
     each candidate's capacity per start): ``rows``, ``mape_pct``, ``wrong`` (more than
     ``ERROR_BOUND`` off, with the resource the model said binds) and a ``text`` line.
-    ``lower_bounds``: candidates whose search stopped at its cap (their capacity is at least
-    what was measured): kept in the rows, left out of the mean and of ``wrong``."""
-    lower_bounds = set(lower_bounds or ())
+
+    Two kinds of row are kept but left out of the mean and of ``wrong``, each named in the text:
+    ``lower_bounds``, candidates whose search stopped at its cap (the capacity is at least what
+    was measured); and, from ``steps`` (name -> (capacity, first failing rate)), candidates whose
+    prediction falls inside the search's last step where that step is wider than the bound: a
+    search started at the prediction that held there and failed at the next rate measures the
+    prediction itself, so its 0% says only that the truth lies in that step."""
+    lower_bounds, steps = set(lower_bounds or ()), steps or {}
     by = {r["config"]: r for r in ranked}
     rows = []
     for name, vals in measured.items():
@@ -177,6 +185,9 @@ def prediction_errors(
         med = statistics.median(vals)
         pred = float(r["predicted_rps"])
         err = (pred - med) / med if med else math.inf
+        cap, fail = steps.get(name) or (None, None)
+        coarse = bool(cap and fail and cap <= pred < fail and fail / cap - 1 > ERROR_BOUND)
+        left_out = name in lower_bounds or coarse
         rows.append(
             {
                 "config": name,
@@ -186,8 +197,10 @@ def prediction_errors(
                 "measured_max": max(vals),
                 "n": len(vals),
                 "error_pct": 100.0 * err,
-                "wrong": abs(err) > ERROR_BOUND and name not in lower_bounds,
+                "wrong": abs(err) > ERROR_BOUND and not left_out,
                 "lower_bound": name in lower_bounds,
+                "within_step": coarse,
+                "step_pct": 100.0 * (fail / cap - 1) if cap and fail else None,
                 "binding": r.get("binding"),
                 "batch_limit": r.get("batch_limit"),
             }
@@ -200,21 +213,32 @@ def prediction_errors(
             if row["wrong"]
             else ""
         )
-    err = mape([(r["predicted_rps"], r["measured_median"]) for r in rows if not r["lower_bound"]])
+    counted = [r for r in rows if not (r["lower_bound"] or r["within_step"])]
+    err = mape([(r["predicted_rps"], r["measured_median"]) for r in counted])
     wrong = [r for r in rows if r["wrong"]]
-    zero = [r["config"] for r in rows if not r["measured_median"]]
+    zero = [r["config"] for r in counted if not r["measured_median"]]
     text = (
         f"predicted capacity {'within' if err <= 100 * ERROR_BOUND else 'NOT within'}"
-        f" {100 * ERROR_BOUND:g}%: mean absolute error {err:.1f}% over {len(rows) - len(zero)}"
+        f" {100 * ERROR_BOUND:g}%: mean absolute error {err:.1f}% over {len(counted) - len(zero)}"
         " measured candidates"
-        if rows and not math.isnan(err)
-        else "no measured candidate to check the model on"
+        if counted and not math.isnan(err)
+        else "no measured candidate resolves the model's error"
     )
     if zero:
         text += f" ({', '.join(zero)} held no rate: left out of the mean)"
     capped = [r["config"] for r in rows if r["lower_bound"]]
     if capped:
         text += f" ({', '.join(capped)}: the search stopped at its cap, a lower bound: left out)"
+    inside = [r for r in rows if r["within_step"]]
+    if inside:
+        text += (
+            " ("
+            + ", ".join(
+                f"{r['config']}: held at its prediction, failed {r['step_pct']:.0f}% above it"
+                for r in inside
+            )
+            + ": the truth lies in that step, which the search did not split; left out)"
+        )
     if wrong:
         text += "; wrong by more than 15%: " + "; ".join(
             f"{r['config']}: {r['why']}" for r in wrong
@@ -235,6 +259,8 @@ def measured_capacities(results: list[dict]) -> dict[str, dict]:
         )
         e["capacity"].append(float(m.get("capacity_rps") or 0.0))
         e["capped"] = e["capped"] or bool(m.get("capacity_capped"))
+        if m.get("first_failing_rps"):
+            e.setdefault("failing", []).append(float(m["first_failing_rps"]))
         for key, col in (
             ("ttft", "ttft_p99_ms_at_capacity"),
             ("gap", "chunk_gap_p99_ms_at_capacity"),
@@ -246,6 +272,7 @@ def measured_capacities(results: list[dict]) -> dict[str, dict]:
             "capacity": e["capacity"],
             "capacity_rps": statistics.median(e["capacity"]),
             "capped": e["capped"],  # a search stopped at its max_rps: a lower bound
+            "first_failing_rps": statistics.median(e["failing"]) if e.get("failing") else None,
             "ttft_p99_ms": statistics.median(e["ttft"]) if e["ttft"] else None,
             "chunk_gap_p99_ms": statistics.median(e["gap"]) if e["gap"] else None,
         }
