@@ -216,6 +216,12 @@ def prediction_errors(
     counted = [r for r in rows if not (r["lower_bound"] or r["within_step"])]
     err = mape([(r["predicted_rps"], r["measured_median"]) for r in counted])
     wrong = [r for r in rows if r["wrong"]]
+    text = _errors_text(rows, counted, err, wrong)
+    return {"rows": rows, "mape_pct": err, "wrong": wrong, "text": text}
+
+
+def _errors_text(rows: list[dict], counted: list[dict], err: float, wrong: list[dict]) -> str:
+    """``prediction_errors``' line: the mean error, and each row left out of it and why."""
     zero = [r["config"] for r in counted if not r["measured_median"]]
     text = (
         f"predicted capacity {'within' if err <= 100 * ERROR_BOUND else 'NOT within'}"
@@ -243,7 +249,7 @@ def prediction_errors(
         text += "; wrong by more than 15%: " + "; ".join(
             f"{r['config']}: {r['why']}" for r in wrong
         )
-    return {"rows": rows, "mape_pct": err, "wrong": wrong, "text": text}
+    return text
 
 
 def measured_capacities(results: list[dict]) -> dict[str, dict]:
